@@ -1,0 +1,14 @@
+// Subcommands of the `infoflow` CLI. Each lives in its own cmd_<name>.cc and
+// receives argv with the subcommand name removed (argv[0] is the subcommand).
+// Returns the process exit code: 0 success, 1 runtime failure, 2 usage error.
+#ifndef INFOFLOW_CLIENT_COMMANDS_H_
+#define INFOFLOW_CLIENT_COMMANDS_H_
+
+namespace infoflow::cli {
+
+int RunTokenize(int argc, char** argv);
+int RunGenerate(int argc, char** argv);
+
+}  // namespace infoflow::cli
+
+#endif  // INFOFLOW_CLIENT_COMMANDS_H_
