@@ -29,7 +29,7 @@ constexpr uint64_t kMaxHeaderSize = 100u << 20;
 
 struct DTypeEntry {
   DType dtype;
-  std::string_view name;
+  const char* name;
   size_t size;
 };
 
@@ -197,7 +197,7 @@ absl::StatusOr<SafetensorsHeader> ParseHeaderImpl(std::string_view header_json,
     if (end - begin != expected_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": data_offsets span ", end - begin, " bytes but shape and ",
-          Sv(DTypeName(info.dtype)), " need ", expected_bytes));
+          DTypeName(info.dtype), " need ", expected_bytes));
     }
     if (expected_bytes > std::numeric_limits<size_t>::max()) {
       return absl::InvalidArgumentError(
@@ -271,11 +271,11 @@ bool WriteAll(int fd, const void* data, size_t n) {
 
 size_t DTypeSize(DType dtype) { return Entry(dtype).size; }
 
-std::string_view DTypeName(DType dtype) { return Entry(dtype).name; }
+const char* DTypeName(DType dtype) { return Entry(dtype).name; }
 
 absl::StatusOr<DType> ParseDType(std::string_view name) {
   for (const DTypeEntry& e : kDTypes) {
-    if (e.name == name) return e.dtype;
+    if (name == e.name) return e.dtype;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown dtype \"", Sv(name), "\""));
@@ -545,7 +545,7 @@ absl::Status WriteSafetensors(const std::string& path,
     if (!first) header += ",";
     first = false;
     header += absl::StrCat(json(t.name).dump(), ":{\"dtype\":\"",
-                           Sv(DTypeName(t.dtype)), "\",\"shape\":", shape.dump(),
+                           DTypeName(t.dtype), "\",\"shape\":", shape.dump(),
                            ",\"data_offsets\":[", offset, ",", offset + n,
                            "]}");
     offset += n;

@@ -47,8 +47,10 @@ enum class DType {
 // Bytes per element of `dtype` (1, 2, 4 or 8).
 size_t DTypeSize(DType dtype);
 
-// The safetensors spelling of `dtype`, e.g. "BF16".
-std::string_view DTypeName(DType dtype);
+// The safetensors spelling of `dtype`, e.g. "BF16". Static storage; a plain
+// C string so that it works with absl::StrCat (Debian's abseil does not take
+// std::string_view).
+const char* DTypeName(DType dtype);
 
 // Parses a safetensors dtype name ("F32", "F16", "BF16", "I64", ...; exact,
 // case-sensitive). Returns InvalidArgument naming the string if unknown.
