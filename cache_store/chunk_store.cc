@@ -1,0 +1,879 @@
+#include "cache_store/chunk_store.h"
+
+#include <rocksdb/cache.h>
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/table.h>
+#include <rocksdb/write_batch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <list>
+#include <mutex>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "cache_store/ram_tier.h"
+
+namespace infoflow::store {
+namespace {
+
+constexpr char kIndexCf[] = "index";
+constexpr uint8_t kIndexValueVersion = 1;
+
+absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
+  if (s.ok()) return absl::OkStatus();
+  const std::string msg = absl::StrCat(what, ": ", s.ToString());
+  if (s.IsNotFound()) return absl::NotFoundError(msg);
+  if (s.IsCorruption()) return absl::DataLossError(msg);
+  if (s.IsInvalidArgument()) return absl::InvalidArgumentError(msg);
+  if (s.IsBusy() || s.IsTryAgain()) return absl::UnavailableError(msg);
+  return absl::InternalError(msg);
+}
+
+rocksdb::Slice ToSlice(std::string_view s) {
+  return rocksdb::Slice(s.data(), s.size());
+}
+
+rocksdb::CompressionType ToRocks(Compression c) {
+  switch (c) {
+    case Compression::kNone:
+      return rocksdb::kNoCompression;
+    case Compression::kLz4:
+      return rocksdb::kLZ4Compression;
+    case Compression::kZstd:
+      return rocksdb::kZSTD;
+  }
+  return rocksdb::kNoCompression;
+}
+
+// Metadata kept per record in the "index" CF (and in memory).
+struct IndexValue {
+  uint64_t size = 0;
+  int64_t write_time_s = 0;
+  uint64_t access_seq = 0;
+  std::string model_fingerprint;
+};
+
+void AppendFixed64(std::string* out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
+}
+uint64_t ReadFixed64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+std::string EncodeIndexValue(uint64_t size, int64_t write_time_s,
+                             uint64_t access_seq, std::string_view fp) {
+  std::string out;
+  out.reserve(1 + 8 * 3 + 2 + fp.size());
+  out.push_back(static_cast<char>(kIndexValueVersion));
+  AppendFixed64(&out, size);
+  AppendFixed64(&out, static_cast<uint64_t>(write_time_s));
+  AppendFixed64(&out, access_seq);
+  out.push_back(static_cast<char>(fp.size() & 0xff));
+  out.push_back(static_cast<char>(fp.size() >> 8));
+  out.append(fp);
+  return out;
+}
+
+bool DecodeIndexValue(std::string_view in, IndexValue* out) {
+  constexpr size_t kFixed = 1 + 8 * 3 + 2;
+  if (in.size() < kFixed || static_cast<uint8_t>(in[0]) != kIndexValueVersion) {
+    return false;
+  }
+  out->size = ReadFixed64(in.data() + 1);
+  out->write_time_s = static_cast<int64_t>(ReadFixed64(in.data() + 9));
+  out->access_seq = ReadFixed64(in.data() + 17);
+  const size_t fp_len = static_cast<uint8_t>(in[25]) |
+                        (static_cast<size_t>(static_cast<uint8_t>(in[26])) << 8);
+  if (in.size() != kFixed + fp_len) return false;
+  out->model_fingerprint.assign(in.data() + kFixed, fp_len);
+  return true;
+}
+
+// One in-progress load or compute for a key; followers block on `cv` until
+// the leader publishes `result`.
+struct Flight {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  absl::StatusOr<GetResult> result;
+};
+
+class FlightGroup {
+ public:
+  // Returns the flight for `key` and whether the caller leads it (must then
+  // call Finish exactly once).
+  std::pair<std::shared_ptr<Flight>, bool> Join(const ChunkKey& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& slot = flights_[key];
+    if (slot != nullptr) return {slot, false};
+    slot = std::make_shared<Flight>();
+    return {slot, true};
+  }
+
+  void Finish(const ChunkKey& key, const std::shared_ptr<Flight>& flight,
+              absl::StatusOr<GetResult> result) {
+    {
+      // Unregister first: a caller arriving after this starts a fresh
+      // flight and sees the state the leader just wrote.
+      std::lock_guard<std::mutex> lock(mu_);
+      flights_.erase(key);
+    }
+    {
+      std::lock_guard<std::mutex> lock(flight->mu);
+      flight->result = std::move(result);
+      flight->done = true;
+    }
+    flight->cv.notify_all();
+  }
+
+  static absl::StatusOr<GetResult> Wait(const std::shared_ptr<Flight>& flight) {
+    std::unique_lock<std::mutex> lock(flight->mu);
+    flight->cv.wait(lock, [&] { return flight->done; });
+    absl::StatusOr<GetResult> r = flight->result;
+    if (r.ok()) r->from_ram = false;
+    return r;
+  }
+
+ private:
+  std::mutex mu_;
+  absl::flat_hash_map<ChunkKey, std::shared_ptr<Flight>> flights_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const ChunkValue>> ChunkValue::Create(
+    std::string bytes, DecodeOptions options) {
+  // Decode only after the bytes sit at their final address: the record's
+  // views point into bytes_.
+  std::shared_ptr<ChunkValue> v(new ChunkValue());
+  v->bytes_ = std::move(bytes);
+  absl::StatusOr<KvRecord> rec = DecodeRecord(v->bytes_, options);
+  if (!rec.ok()) return rec.status();
+  v->record_ = *std::move(rec);
+  return std::shared_ptr<const ChunkValue>(std::move(v));
+}
+
+class ChunkStore::Impl {
+ public:
+  explicit Impl(ChunkStoreOptions options)
+      : options_(std::move(options)),
+        ram_(options_.ram_tier_bytes, &counters_) {}
+
+  ~Impl() {
+    if (db_ == nullptr) return;
+    // Best effort: losing access order only degrades eviction choices.
+    (void)PersistAccessOrder();
+    for (rocksdb::ColumnFamilyHandle* h : {data_cf_, index_cf_}) {
+      if (h != nullptr) (void)db_->DestroyColumnFamilyHandle(h);
+    }
+    (void)db_->Close();
+  }
+
+  absl::Status Open();
+  absl::StatusOr<PutResult> Put(const ChunkKey& key, std::string record);
+  absl::StatusOr<GetResult> Get(const ChunkKey& key);
+  std::vector<absl::StatusOr<GetResult>> MultiGet(
+      absl::Span<const ChunkKey> keys);
+  absl::StatusOr<GetResult> GetOrCompute(
+      const ChunkKey& key,
+      const std::function<absl::StatusOr<std::string>()>& compute);
+  absl::StatusOr<bool> Delete(const ChunkKey& key);
+  StoreStats Stats() const;
+  absl::Status Compact();
+
+  StoreCounters counters_;
+  ChunkStoreOptions options_;
+  RamTier ram_;
+  std::unique_ptr<rocksdb::DB> db_;
+  rocksdb::ColumnFamilyHandle* data_cf_ = nullptr;
+  rocksdb::ColumnFamilyHandle* index_cf_ = nullptr;
+
+ private:
+  struct Entry {
+    uint64_t size = 0;
+    int64_t write_time_s = 0;
+    uint64_t access_seq = 0;
+    uint64_t persisted_access_seq = 0;
+    bool corrupt = false;  // set by a read that failed verification
+    std::map<std::string, ModelStats>::iterator model;
+    std::list<ChunkKey>::iterator lru;  // position in lru_
+  };
+
+  // What a read learns from the index before touching RAM or disk.
+  enum class Presence { kAbsent, kPresent, kCorrupt, kExpired };
+
+  int64_t Now() const {
+    if (options_.clock_seconds) return options_.clock_seconds();
+    return std::chrono::duration_cast<std::chrono::seconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+  bool ExpiredLocked(const Entry& e, int64_t now) const {
+    return options_.ttl_seconds > 0 &&
+           now - e.write_time_s >= options_.ttl_seconds;
+  }
+
+  Presence CheckAndTouch(const ChunkKey& key);
+  void MarkCorrupt(const ChunkKey& key);
+  // Reads `keys` (all led flights) from RocksDB and verifies them.
+  std::vector<absl::StatusOr<GetResult>> ReadFromDisk(
+      absl::Span<const ChunkKey> keys);
+  absl::StatusOr<GetResult> LoadSingleFlight(const ChunkKey& key);
+  // Writes a verified value. Requires write_mu_.
+  absl::StatusOr<PutResult> PutVerifiedLocked(
+      const ChunkKey& key, const std::shared_ptr<const ChunkValue>& value,
+      bool insert_into_ram);
+  absl::Status DeleteKeysLocked(absl::Span<const ChunkKey> keys,
+                                std::atomic<uint64_t>* reason_counter,
+                                uint64_t* removed);
+  void EraseEntryLocked(const ChunkKey& key);
+  absl::Status PersistAccessOrder();
+  absl::StatusOr<std::shared_ptr<const ChunkValue>> VerifyForPut(
+      const ChunkKey& key, std::string record) const;
+
+  rocksdb::WriteOptions WriteOpts() const {
+    rocksdb::WriteOptions wo;
+    wo.sync = options_.sync;
+    return wo;
+  }
+
+  // Serialises every change of membership (put, delete, eviction, expiry),
+  // so capacity decisions made under index_mu_ stay valid until the
+  // RocksDB write lands. Never held while waiting on a flight.
+  std::mutex write_mu_;
+  // Guards index_, lru_, models_, next_seq_, total_bytes_.
+  mutable std::mutex index_mu_;
+  absl::flat_hash_map<ChunkKey, Entry> index_;
+  std::list<ChunkKey> lru_;  // front = least recently accessed
+  std::map<std::string, ModelStats> models_;
+  uint64_t next_seq_ = 1;
+  uint64_t total_bytes_ = 0;
+
+  FlightGroup loads_;
+  FlightGroup computes_;
+};
+
+absl::Status ChunkStore::Impl::Open() {
+  rocksdb::DBOptions db_opts;
+  db_opts.create_if_missing = options_.create_if_missing;
+  db_opts.create_missing_column_families = true;
+  db_opts.max_background_jobs = 2;
+  // Records are large; keep the WAL from growing without bound between
+  // flushes of a write-heavy ingest.
+  db_opts.max_total_wal_size = uint64_t{256} << 20;
+
+  std::shared_ptr<rocksdb::Cache> cache =
+      rocksdb::NewLRUCache(static_cast<size_t>(options_.block_cache_bytes));
+  rocksdb::BlockBasedTableOptions table;
+  table.block_cache = cache;
+  table.cache_index_and_filter_blocks = true;
+
+  rocksdb::ColumnFamilyOptions data_opts;
+  data_opts.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  data_opts.enable_blob_files = true;
+  data_opts.min_blob_size = options_.min_blob_size;
+  data_opts.blob_file_size = options_.blob_file_size;
+  data_opts.blob_compression_type = ToRocks(options_.compression);
+  data_opts.compression = ToRocks(options_.compression);
+  data_opts.enable_blob_garbage_collection = true;
+  data_opts.write_buffer_size = 64 << 20;
+
+  rocksdb::ColumnFamilyOptions index_opts;
+  index_opts.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  index_opts.compression = rocksdb::kLZ4Compression;
+
+  std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
+      {rocksdb::kDefaultColumnFamilyName, data_opts}, {kIndexCf, index_opts}};
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s =
+      rocksdb::DB::Open(db_opts, options_.path, cfs, &handles, &raw);
+  if (!s.ok()) return FromRocks(s, absl::StrCat("open ", options_.path));
+  db_.reset(raw);
+  data_cf_ = handles[0];
+  index_cf_ = handles[1];
+
+  // Rebuild accounting from the index CF (small values; no blob is read).
+  struct Loaded {
+    ChunkKey key;
+    IndexValue v;
+  };
+  std::vector<Loaded> loaded;
+  std::unique_ptr<rocksdb::Iterator> it(
+      db_->NewIterator(rocksdb::ReadOptions(), index_cf_));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    absl::StatusOr<ChunkKey> key =
+        ChunkKey::FromBytes(std::string_view(it->key().data(), it->key().size()));
+    Loaded l;
+    if (!key.ok() ||
+        !DecodeIndexValue(std::string_view(it->value().data(),
+                                           it->value().size()),
+                          &l.v)) {
+      // An unreadable index entry: forget it; the record (if any) is then
+      // invisible and gets overwritten by the next Put of its key.
+      continue;
+    }
+    l.key = *key;
+    loaded.push_back(std::move(l));
+  }
+  if (!it->status().ok()) return FromRocks(it->status(), "scan index");
+  std::sort(loaded.begin(), loaded.end(), [](const Loaded& a, const Loaded& b) {
+    return a.v.access_seq < b.v.access_seq;
+  });
+  std::lock_guard<std::mutex> lock(index_mu_);
+  for (Loaded& l : loaded) {
+    Entry e;
+    e.size = l.v.size;
+    e.write_time_s = l.v.write_time_s;
+    e.access_seq = e.persisted_access_seq = l.v.access_seq;
+    e.model = models_.try_emplace(l.v.model_fingerprint).first;
+    e.model->second.records++;
+    e.model->second.bytes += e.size;
+    e.lru = lru_.insert(lru_.end(), l.key);
+    next_seq_ = std::max(next_seq_, l.v.access_seq + 1);
+    total_bytes_ += e.size;
+    index_.emplace(l.key, std::move(e));
+  }
+  counters_.records.store(index_.size(), std::memory_order_relaxed);
+  counters_.bytes.store(total_bytes_, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+ChunkStore::Impl::Presence ChunkStore::Impl::CheckAndTouch(
+    const ChunkKey& key) {
+  const int64_t now = Now();
+  std::lock_guard<std::mutex> lock(index_mu_);
+  auto it = index_.find(key);
+  if (it == index_.end()) return Presence::kAbsent;
+  Entry& e = it->second;
+  if (ExpiredLocked(e, now)) return Presence::kExpired;
+  if (e.corrupt) return Presence::kCorrupt;
+  e.access_seq = next_seq_++;
+  lru_.splice(lru_.end(), lru_, e.lru);
+  return Presence::kPresent;
+}
+
+void ChunkStore::Impl::MarkCorrupt(const ChunkKey& key) {
+  {
+    std::lock_guard<std::mutex> lock(index_mu_);
+    auto it = index_.find(key);
+    if (it != index_.end()) it->second.corrupt = true;
+  }
+  ram_.Erase(key);
+}
+
+std::vector<absl::StatusOr<GetResult>> ChunkStore::Impl::ReadFromDisk(
+    absl::Span<const ChunkKey> keys) {
+  const size_t n = keys.size();
+  std::vector<rocksdb::Slice> rkeys;
+  rkeys.reserve(n);
+  for (const ChunkKey& k : keys) rkeys.push_back(ToSlice(k.AsBytes()));
+  // Each PinnableSlice writes into its own std::string when RocksDB has to
+  // copy (blob values do), so we can take that buffer without a second copy.
+  std::vector<std::string> bufs(n);
+  std::vector<rocksdb::PinnableSlice> values;
+  values.reserve(n);
+  for (size_t i = 0; i < n; ++i) values.emplace_back(&bufs[i]);
+  std::vector<rocksdb::Status> statuses(n);
+  db_->MultiGet(rocksdb::ReadOptions(), data_cf_, n, rkeys.data(),
+                values.data(), statuses.data());
+
+  std::vector<absl::StatusOr<GetResult>> out;
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const rocksdb::Status& s = statuses[i];
+    GetResult r;
+    if (s.IsNotFound()) {
+      // The index said present but the record is gone (only possible after
+      // out-of-band edits): report a miss.
+      counters_.misses.fetch_add(1, std::memory_order_relaxed);
+      out.push_back(r);
+      continue;
+    }
+    if (s.IsCorruption()) {
+      MarkCorrupt(keys[i]);
+      counters_.corrupt.fetch_add(1, std::memory_order_relaxed);
+      r.status = GetStatus::kCorrupt;
+      out.push_back(r);
+      continue;
+    }
+    if (!s.ok()) {
+      out.push_back(FromRocks(s, "read chunk"));
+      continue;
+    }
+    std::string bytes;
+    if (values[i].IsPinned()) {
+      bytes.assign(values[i].data(), values[i].size());
+    } else {
+      bytes = std::move(bufs[i]);
+      bytes.resize(values[i].size());
+    }
+    values[i].Reset();
+    counters_.bytes_read.fetch_add(bytes.size(), std::memory_order_relaxed);
+    absl::StatusOr<std::shared_ptr<const ChunkValue>> v =
+        ChunkValue::Create(std::move(bytes));
+    // A valid record under the wrong key is corruption too (e.g. a value
+    // written to the wrong slot): content addressing makes it checkable.
+    if (!v.ok() || (*v)->record().Key() != keys[i]) {
+      MarkCorrupt(keys[i]);
+      counters_.corrupt.fetch_add(1, std::memory_order_relaxed);
+      r.status = GetStatus::kCorrupt;
+      out.push_back(r);
+      continue;
+    }
+    counters_.disk_hits.fetch_add(1, std::memory_order_relaxed);
+    ram_.Insert(keys[i], *v);
+    r.status = GetStatus::kFound;
+    r.value = *std::move(v);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+absl::StatusOr<GetResult> ChunkStore::Impl::Get(const ChunkKey& key) {
+  std::vector<absl::StatusOr<GetResult>> r = MultiGet(absl::MakeSpan(&key, 1));
+  return std::move(r[0]);
+}
+
+std::vector<absl::StatusOr<GetResult>> ChunkStore::Impl::MultiGet(
+    absl::Span<const ChunkKey> keys) {
+  const size_t n = keys.size();
+  std::vector<absl::StatusOr<GetResult>> out(n);
+  std::vector<bool> settled(n, false);
+  std::vector<ChunkKey> expired;
+  // Flights this call leads / follows, by position in `keys`.
+  std::vector<size_t> led_pos;
+  std::vector<ChunkKey> led_keys;
+  std::vector<std::shared_ptr<Flight>> led_flights;
+  std::vector<std::pair<size_t, std::shared_ptr<Flight>>> followed;
+  absl::flat_hash_map<ChunkKey, size_t> first_pos;  // duplicate keys
+
+  for (size_t i = 0; i < n; ++i) {
+    const ChunkKey& key = keys[i];
+    if (auto [it, fresh] = first_pos.try_emplace(key, i); !fresh) {
+      continue;  // filled from the first occurrence at the end
+    }
+    GetResult r;
+    switch (CheckAndTouch(key)) {
+      case Presence::kExpired:
+        expired.push_back(key);
+        [[fallthrough]];
+      case Presence::kAbsent:
+        counters_.misses.fetch_add(1, std::memory_order_relaxed);
+        out[i] = r;
+        settled[i] = true;
+        continue;
+      case Presence::kCorrupt:
+        counters_.corrupt.fetch_add(1, std::memory_order_relaxed);
+        r.status = GetStatus::kCorrupt;
+        out[i] = r;
+        settled[i] = true;
+        continue;
+      case Presence::kPresent:
+        break;
+    }
+    if (std::shared_ptr<const ChunkValue> v = ram_.Lookup(key)) {
+      counters_.ram_hits.fetch_add(1, std::memory_order_relaxed);
+      r.status = GetStatus::kFound;
+      r.value = std::move(v);
+      r.from_ram = true;
+      out[i] = std::move(r);
+      settled[i] = true;
+      continue;
+    }
+    auto [flight, leader] = loads_.Join(key);
+    if (leader) {
+      // A flight for this key may have completed between our RAM lookup
+      // and Join; it inserted into RAM before unregistering, so looking
+      // again makes "one disk read per burst of misses" exact.
+      if (std::shared_ptr<const ChunkValue> v = ram_.Lookup(key)) {
+        counters_.ram_hits.fetch_add(1, std::memory_order_relaxed);
+        r.status = GetStatus::kFound;
+        r.value = std::move(v);
+        r.from_ram = true;
+        loads_.Finish(key, flight, r);
+        out[i] = std::move(r);
+        settled[i] = true;
+        continue;
+      }
+      led_pos.push_back(i);
+      led_keys.push_back(key);
+      led_flights.push_back(std::move(flight));
+    } else {
+      counters_.single_flight_waits.fetch_add(1, std::memory_order_relaxed);
+      followed.emplace_back(i, std::move(flight));
+    }
+  }
+
+  // Finish what we lead before waiting on anyone else's flight, so two
+  // MultiGets with overlapping keys cannot wait on each other.
+  if (!led_keys.empty()) {
+    std::vector<absl::StatusOr<GetResult>> read = ReadFromDisk(led_keys);
+    for (size_t j = 0; j < led_keys.size(); ++j) {
+      out[led_pos[j]] = read[j];
+      settled[led_pos[j]] = true;
+      loads_.Finish(led_keys[j], led_flights[j], std::move(read[j]));
+    }
+  }
+  for (auto& [pos, flight] : followed) {
+    out[pos] = FlightGroup::Wait(flight);
+    settled[pos] = true;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (!settled[i]) out[i] = out[first_pos[keys[i]]];
+  }
+  if (!expired.empty()) {
+    std::lock_guard<std::mutex> w(write_mu_);
+    {
+      // Re-check under write_mu_: a Put may have replaced the record since.
+      const int64_t now = Now();
+      std::lock_guard<std::mutex> lock(index_mu_);
+      expired.erase(std::remove_if(expired.begin(), expired.end(),
+                                   [&](const ChunkKey& k) {
+                                     auto it = index_.find(k);
+                                     return it == index_.end() ||
+                                            !ExpiredLocked(it->second, now);
+                                   }),
+                    expired.end());
+    }
+    uint64_t removed = 0;
+    // Expiry is lazy cleanup; a failure here just leaves the record for
+    // the next read or Compact() to remove.
+    (void)DeleteKeysLocked(expired, &counters_.ttl_expirations, &removed);
+  }
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<const ChunkValue>> ChunkStore::Impl::VerifyForPut(
+    const ChunkKey& key, std::string record) const {
+  absl::StatusOr<std::shared_ptr<const ChunkValue>> v =
+      ChunkValue::Create(std::move(record));
+  if (!v.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a valid KV record: ", v.status().message()));
+  }
+  if ((*v)->record().Key() != key) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "record is the record of ", (*v)->record().Key().Hex(), ", not of ",
+        key.Hex()));
+  }
+  return v;
+}
+
+absl::StatusOr<PutResult> ChunkStore::Impl::Put(const ChunkKey& key,
+                                                std::string record) {
+  // Verify before taking any lock: it is the O(payload) part.
+  absl::StatusOr<std::shared_ptr<const ChunkValue>> v =
+      VerifyForPut(key, std::move(record));
+  if (!v.ok()) return v.status();
+  std::lock_guard<std::mutex> w(write_mu_);
+  return PutVerifiedLocked(key, *v, options_.ram_insert_on_put);
+}
+
+absl::StatusOr<PutResult> ChunkStore::Impl::PutVerifiedLocked(
+    const ChunkKey& key, const std::shared_ptr<const ChunkValue>& value,
+    bool insert_into_ram) {
+  const uint64_t size = value->bytes().size();
+  const int64_t now = Now();
+  if (options_.capacity_bytes > 0 && size > options_.capacity_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("record of ", size, " bytes exceeds store capacity ",
+                     options_.capacity_bytes));
+  }
+  std::vector<ChunkKey> victims;
+  uint64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(index_mu_);
+    uint64_t replaced_size = 0;
+    if (auto it = index_.find(key); it != index_.end()) {
+      if (!it->second.corrupt && !ExpiredLocked(it->second, now)) {
+        counters_.puts_already_present.fetch_add(1, std::memory_order_relaxed);
+        return PutResult::kAlreadyPresent;
+      }
+      replaced_size = it->second.size;
+    }
+    if (options_.capacity_bytes > 0) {
+      uint64_t projected = total_bytes_ - replaced_size + size;
+      for (auto lit = lru_.begin();
+           projected > options_.capacity_bytes && lit != lru_.end(); ++lit) {
+        if (*lit == key) continue;  // being replaced; already discounted
+        projected -= index_.at(*lit).size;
+        victims.push_back(*lit);
+      }
+    }
+    seq = next_seq_++;
+  }
+
+  rocksdb::WriteBatch batch;
+  for (const ChunkKey& victim : victims) {
+    batch.Delete(data_cf_, ToSlice(victim.AsBytes()));
+    batch.Delete(index_cf_, ToSlice(victim.AsBytes()));
+  }
+  const std::string& fp = value->record().header.model_fingerprint;
+  batch.Put(data_cf_, ToSlice(key.AsBytes()), ToSlice(value->bytes()));
+  batch.Put(index_cf_, ToSlice(key.AsBytes()),
+            EncodeIndexValue(size, now, seq, fp));
+  rocksdb::Status s = db_->Write(WriteOpts(), &batch);
+  if (!s.ok()) return FromRocks(s, "write chunk");
+
+  {
+    std::lock_guard<std::mutex> lock(index_mu_);
+    for (const ChunkKey& victim : victims) EraseEntryLocked(victim);
+    EraseEntryLocked(key);  // a replaced corrupt/expired entry
+    Entry e;
+    e.size = size;
+    e.write_time_s = now;
+    e.access_seq = e.persisted_access_seq = seq;
+    e.model = models_.try_emplace(fp).first;
+    e.model->second.records++;
+    e.model->second.bytes += size;
+    e.lru = lru_.insert(lru_.end(), key);
+    total_bytes_ += size;
+    index_.emplace(key, std::move(e));
+    counters_.records.store(index_.size(), std::memory_order_relaxed);
+    counters_.bytes.store(total_bytes_, std::memory_order_relaxed);
+  }
+  for (const ChunkKey& victim : victims) ram_.Erase(victim);
+  counters_.capacity_evictions.fetch_add(victims.size(),
+                                         std::memory_order_relaxed);
+  counters_.bytes_written.fetch_add(size, std::memory_order_relaxed);
+  counters_.puts_stored.fetch_add(1, std::memory_order_relaxed);
+  if (insert_into_ram) ram_.Insert(key, value);
+  return PutResult::kStored;
+}
+
+void ChunkStore::Impl::EraseEntryLocked(const ChunkKey& key) {
+  auto it = index_.find(key);
+  if (it == index_.end()) return;
+  Entry& e = it->second;
+  e.model->second.records--;
+  e.model->second.bytes -= e.size;
+  if (e.model->second.records == 0) models_.erase(e.model);
+  total_bytes_ -= e.size;
+  lru_.erase(e.lru);
+  index_.erase(it);
+}
+
+absl::Status ChunkStore::Impl::DeleteKeysLocked(
+    absl::Span<const ChunkKey> keys, std::atomic<uint64_t>* reason_counter,
+    uint64_t* removed) {
+  *removed = 0;
+  std::vector<ChunkKey> present;
+  {
+    std::lock_guard<std::mutex> lock(index_mu_);
+    for (const ChunkKey& k : keys) {
+      if (index_.contains(k)) present.push_back(k);
+    }
+  }
+  if (present.empty()) return absl::OkStatus();
+  rocksdb::WriteBatch batch;
+  for (const ChunkKey& k : present) {
+    batch.Delete(data_cf_, ToSlice(k.AsBytes()));
+    batch.Delete(index_cf_, ToSlice(k.AsBytes()));
+  }
+  rocksdb::Status s = db_->Write(WriteOpts(), &batch);
+  if (!s.ok()) return FromRocks(s, "delete chunks");
+  {
+    std::lock_guard<std::mutex> lock(index_mu_);
+    for (const ChunkKey& k : present) EraseEntryLocked(k);
+    counters_.records.store(index_.size(), std::memory_order_relaxed);
+    counters_.bytes.store(total_bytes_, std::memory_order_relaxed);
+  }
+  for (const ChunkKey& k : present) ram_.Erase(k);
+  reason_counter->fetch_add(present.size(), std::memory_order_relaxed);
+  *removed = present.size();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> ChunkStore::Impl::Delete(const ChunkKey& key) {
+  std::lock_guard<std::mutex> w(write_mu_);
+  uint64_t removed = 0;
+  absl::Status s =
+      DeleteKeysLocked(absl::MakeSpan(&key, 1), &counters_.deletes, &removed);
+  if (!s.ok()) return s;
+  return removed > 0;
+}
+
+absl::StatusOr<GetResult> ChunkStore::Impl::GetOrCompute(
+    const ChunkKey& key,
+    const std::function<absl::StatusOr<std::string>()>& compute) {
+  absl::StatusOr<GetResult> got = Get(key);
+  if (!got.ok() || got->status == GetStatus::kFound) return got;
+
+  auto [flight, leader] = computes_.Join(key);
+  if (!leader) {
+    counters_.single_flight_waits.fetch_add(1, std::memory_order_relaxed);
+    return FlightGroup::Wait(flight);
+  }
+  absl::StatusOr<GetResult> result = [&]() -> absl::StatusOr<GetResult> {
+    // Another caller's compute may have finished between our Get and Join.
+    absl::StatusOr<GetResult> again = Get(key);
+    if (!again.ok() || again->status == GetStatus::kFound) return again;
+    counters_.computes.fetch_add(1, std::memory_order_relaxed);
+    absl::StatusOr<std::string> bytes = compute();
+    if (!bytes.ok()) return bytes.status();
+    absl::StatusOr<std::shared_ptr<const ChunkValue>> v =
+        VerifyForPut(key, *std::move(bytes));
+    if (!v.ok()) return v.status();
+    {
+      std::lock_guard<std::mutex> w(write_mu_);
+      if (!PutVerifiedLocked(key, *v, /*insert_into_ram=*/false).ok()) {
+        counters_.put_errors.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+    ram_.Insert(key, *v);
+    GetResult r;
+    r.status = GetStatus::kFound;
+    r.value = *std::move(v);
+    r.computed = true;
+    return r;
+  }();
+  absl::StatusOr<GetResult> mine = result;
+  computes_.Finish(key, flight, std::move(result));
+  return mine;
+}
+
+absl::Status ChunkStore::Impl::PersistAccessOrder() {
+  rocksdb::WriteBatch batch;
+  std::vector<std::pair<ChunkKey, uint64_t>> written;
+  {
+    std::lock_guard<std::mutex> lock(index_mu_);
+    for (auto& [key, e] : index_) {
+      if (e.access_seq == e.persisted_access_seq) continue;
+      batch.Put(index_cf_, ToSlice(key.AsBytes()),
+                EncodeIndexValue(e.size, e.write_time_s, e.access_seq,
+                                 e.model->first));
+      written.emplace_back(key, e.access_seq);
+    }
+  }
+  if (written.empty()) return absl::OkStatus();
+  rocksdb::Status s = db_->Write(WriteOpts(), &batch);
+  if (!s.ok()) return FromRocks(s, "persist access order");
+  std::lock_guard<std::mutex> lock(index_mu_);
+  for (const auto& [key, seq] : written) {
+    auto it = index_.find(key);
+    if (it != index_.end() && it->second.persisted_access_seq < seq) {
+      it->second.persisted_access_seq = seq;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ChunkStore::Impl::Compact() {
+  {
+    std::lock_guard<std::mutex> w(write_mu_);
+    if (options_.ttl_seconds > 0) {
+      std::vector<ChunkKey> expired;
+      const int64_t now = Now();
+      {
+        std::lock_guard<std::mutex> lock(index_mu_);
+        for (const auto& [key, e] : index_) {
+          if (ExpiredLocked(e, now)) expired.push_back(key);
+        }
+      }
+      uint64_t removed = 0;
+      absl::Status s =
+          DeleteKeysLocked(expired, &counters_.ttl_expirations, &removed);
+      if (!s.ok()) return s;
+    }
+    // Under write_mu_ so a concurrent Put's index entry is not overwritten
+    // with a stale copy.
+    if (absl::Status s = PersistAccessOrder(); !s.ok()) return s;
+  }
+  rocksdb::FlushOptions fo;
+  rocksdb::Status s = db_->Flush(fo, {data_cf_, index_cf_});
+  if (!s.ok()) return FromRocks(s, "flush");
+  rocksdb::CompactRangeOptions co;
+  co.blob_garbage_collection_policy =
+      rocksdb::BlobGarbageCollectionPolicy::kForce;
+  co.blob_garbage_collection_age_cutoff = 1.0;
+  for (rocksdb::ColumnFamilyHandle* cf : {data_cf_, index_cf_}) {
+    s = db_->CompactRange(co, cf, nullptr, nullptr);
+    if (!s.ok()) return FromRocks(s, "compact");
+  }
+  return absl::OkStatus();
+}
+
+StoreStats ChunkStore::Impl::Stats() const {
+  StoreStats st;
+  {
+    std::lock_guard<std::mutex> lock(index_mu_);
+    st.records = index_.size();
+    st.bytes = total_bytes_;
+    st.per_model = models_;
+  }
+  auto load = [](const std::atomic<uint64_t>& a) {
+    return a.load(std::memory_order_relaxed);
+  };
+  st.ram_hits = load(counters_.ram_hits);
+  st.disk_hits = load(counters_.disk_hits);
+  st.misses = load(counters_.misses);
+  st.corrupt = load(counters_.corrupt);
+  st.ram_evictions = load(counters_.ram_evictions);
+  st.capacity_evictions = load(counters_.capacity_evictions);
+  st.ttl_expirations = load(counters_.ttl_expirations);
+  st.bytes_read = load(counters_.bytes_read);
+  st.bytes_written = load(counters_.bytes_written);
+  st.ram_bytes = load(counters_.ram_bytes);
+  st.ram_entries = load(counters_.ram_entries);
+  for (rocksdb::ColumnFamilyHandle* cf : {data_cf_, index_cf_}) {
+    uint64_t v = 0;
+    if (db_->GetIntProperty(cf, rocksdb::DB::Properties::kTotalSstFilesSize,
+                            &v)) {
+      st.disk_bytes += v;
+    }
+    if (db_->GetIntProperty(cf, rocksdb::DB::Properties::kTotalBlobFileSize,
+                            &v)) {
+      st.disk_bytes += v;
+    }
+  }
+  return st;
+}
+
+// ---- ChunkStore: thin forwarding to Impl ----
+
+ChunkStore::ChunkStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ChunkStore::~ChunkStore() = default;
+
+absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(
+    ChunkStoreOptions options) {
+  auto impl = std::make_unique<Impl>(std::move(options));
+  if (absl::Status s = impl->Open(); !s.ok()) return s;
+  return std::unique_ptr<ChunkStore>(new ChunkStore(std::move(impl)));
+}
+
+absl::StatusOr<PutResult> ChunkStore::Put(const ChunkKey& key,
+                                          std::string record) {
+  return impl_->Put(key, std::move(record));
+}
+absl::StatusOr<GetResult> ChunkStore::Get(const ChunkKey& key) {
+  return impl_->Get(key);
+}
+std::vector<absl::StatusOr<GetResult>> ChunkStore::MultiGet(
+    absl::Span<const ChunkKey> keys) {
+  return impl_->MultiGet(keys);
+}
+absl::StatusOr<GetResult> ChunkStore::GetOrCompute(
+    const ChunkKey& key,
+    const std::function<absl::StatusOr<std::string>()>& compute) {
+  return impl_->GetOrCompute(key, compute);
+}
+absl::StatusOr<bool> ChunkStore::Delete(const ChunkKey& key) {
+  return impl_->Delete(key);
+}
+StoreStats ChunkStore::Stats() const { return impl_->Stats(); }
+const StoreCounters& ChunkStore::counters() const { return impl_->counters_; }
+absl::Status ChunkStore::Compact() { return impl_->Compact(); }
+rocksdb::DB* ChunkStore::db_for_testing() const { return impl_->db_.get(); }
+rocksdb::ColumnFamilyHandle* ChunkStore::data_cf_for_testing() const {
+  return impl_->data_cf_;
+}
+void ChunkStore::ClearRamTierForTesting() { impl_->ram_.Clear(); }
+
+}  // namespace infoflow::store

@@ -1,0 +1,261 @@
+// ChunkStore: a persistent, content-addressed map from ChunkKey to an encoded
+// KV record (kv_record.h), with a byte-bounded RAM tier in front.
+//
+// A ChunkStore is safe for concurrent use from multiple threads without any
+// external synchronisation. Reads never block each other except while two of
+// them miss on the same key, in which case only one reads the disk and the
+// others wait for its result (single-flight). Writes (Put, Delete, eviction)
+// are serialised among themselves; they do not block readers except briefly.
+//
+// Storage layout and why:
+//  * One RocksDB at options.path with two column families:
+//      "default": raw 32-byte chunk key -> encoded record. Large values go to
+//                 BlobDB blob files (enable_blob_files, min_blob_size), so the
+//                 LSM holds only small blob references and compaction does
+//                 not rewrite megabytes of KV.
+//      "index":   raw chunk key -> small metadata (size, write time, access
+//                 sequence, model fingerprint). Written in the same atomic
+//                 WriteBatch as the record; scanned once at Open to rebuild
+//                 the in-memory accounting (capacity, LRU order, per-model
+//                 stats) without touching any blob.
+//  * Not a column family per model fingerprint: CFs are heavyweight (each has
+//    its own memtables and SST set, all must be listed at every Open, and the
+//    shared WAL cannot be recycled until every CF flushed), and models come
+//    and go at runtime, so their number is unbounded. Not a fingerprint key
+//    prefix either: the chunk key is a hash that already commits to the
+//    fingerprint (chunk_key.h), so a lookup by key alone is unambiguous, and
+//    the fetch path (DESIGN §2.2) has only keys. Per-model accounting and a
+//    future "drop model" come from the index CF instead.
+//  * Every record is verified (checksum + recomputed content key) when it is
+//    read from disk; the RAM tier only ever holds verified records.
+//
+// Durability: with options.sync = true (default) a Put that returned OK
+// survives a process or machine crash. With sync = false it survives a
+// process crash (WAL is always on) but may be lost on power failure.
+#ifndef INFOFLOW_CACHE_STORE_CHUNK_STORE_H_
+#define INFOFLOW_CACHE_STORE_CHUNK_STORE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "cache_store/chunk_key.h"
+#include "cache_store/kv_record.h"
+
+namespace rocksdb {
+class DB;
+class ColumnFamilyHandle;
+}  // namespace rocksdb
+
+namespace infoflow::store {
+
+// Compression of stored records. KV activations are near-incompressible
+// floats; store_bench measures the trade-off (see kDefaultCompression).
+enum class Compression { kNone, kLz4, kZstd };
+
+// Chosen from store_bench (tests/store/store_bench.cc): on bf16 KV, LZ4 and
+// ZSTD save only a small fraction of the bytes while costing read and write
+// throughput, so records are stored uncompressed by default.
+inline constexpr Compression kDefaultCompression = Compression::kNone;
+
+struct ChunkStoreOptions {
+  // Directory of the RocksDB instance; created if missing and
+  // create_if_missing is set.
+  std::string path = "./data/kv";
+  bool create_if_missing = true;
+  // Put waits for the WAL to reach stable storage before returning.
+  bool sync = true;
+  // Upper bound on the sum of stored record sizes (encoded bytes, before
+  // compression); 0 = unbounded. A Put that would exceed it first evicts
+  // the least recently accessed records. On-disk usage follows once
+  // compaction and blob GC reclaim the space (see Compact()).
+  uint64_t capacity_bytes = 0;
+  // Records older than this (since their Put) read as NOT_FOUND and are
+  // removed lazily and by Compact(); 0 = no expiry.
+  int64_t ttl_seconds = 0;
+  // RAM tier budget in bytes of record data; 0 disables the tier.
+  uint64_t ram_tier_bytes = uint64_t{512} << 20;
+  // Also place records written by Put into the RAM tier. Off by default so
+  // bulk ingest does not flush the working set of queries; GetOrCompute
+  // always inserts what it computed (it is about to be used).
+  bool ram_insert_on_put = false;
+  // RocksDB block cache (index/filter/data blocks of both CFs).
+  uint64_t block_cache_bytes = uint64_t{64} << 20;
+  Compression compression = kDefaultCompression;
+  // Values at least this large are written to blob files.
+  uint64_t min_blob_size = 4096;
+  uint64_t blob_file_size = uint64_t{256} << 20;
+  // Seconds since the epoch; overridable so TTL can be tested. Defaults to
+  // the system clock.
+  std::function<int64_t()> clock_seconds;
+};
+
+// A verified record held in memory. Immutable and shared: the RAM tier and
+// any number of readers hold the same instance through
+// shared_ptr<const ChunkValue>, so a hit copies no payload bytes.
+class ChunkValue {
+ public:
+  // Takes ownership of `bytes` and decodes it. DataLoss (IsCorruptRecord)
+  // when the bytes are not a valid record.
+  static absl::StatusOr<std::shared_ptr<const ChunkValue>> Create(
+      std::string bytes, DecodeOptions options = {});
+
+  ChunkValue(const ChunkValue&) = delete;
+  ChunkValue& operator=(const ChunkValue&) = delete;
+
+  // The encoded record exactly as stored.
+  const std::string& bytes() const { return bytes_; }
+  // Decoded view; record().payload and K()/V() point into bytes().
+  const KvRecord& record() const { return record_; }
+
+ private:
+  ChunkValue() = default;
+  std::string bytes_;
+  KvRecord record_;
+};
+
+enum class GetStatus {
+  kFound,
+  kNotFound,  // never stored, deleted, evicted or expired
+  // Stored bytes failed verification (checksum, header, size, or they are a
+  // valid record of a different key). Treat as a miss: recompute and Put,
+  // which replaces the corrupt record.
+  kCorrupt,
+};
+
+struct GetResult {
+  GetStatus status = GetStatus::kNotFound;
+  // Non-null iff status == kFound. Shared, immutable; keep it alive as long
+  // as you use views into it.
+  std::shared_ptr<const ChunkValue> value;
+  bool from_ram = false;   // served by the RAM tier
+  bool computed = false;   // produced by GetOrCompute's compute callback
+};
+
+enum class PutResult {
+  kStored,          // written (new, or replaced a corrupt/expired record)
+  kAlreadyPresent,  // an intact record with this key exists; nothing written
+};
+
+// Monotonic counters and gauges, updated with relaxed atomics so the
+// metrics layer can read them at any time without locking.
+struct StoreCounters {
+  std::atomic<uint64_t> ram_hits{0};
+  std::atomic<uint64_t> disk_hits{0};
+  std::atomic<uint64_t> misses{0};
+  std::atomic<uint64_t> corrupt{0};
+  std::atomic<uint64_t> ram_evictions{0};
+  std::atomic<uint64_t> capacity_evictions{0};
+  std::atomic<uint64_t> ttl_expirations{0};
+  std::atomic<uint64_t> bytes_read{0};     // record bytes read from RocksDB
+  std::atomic<uint64_t> bytes_written{0};  // record bytes written to RocksDB
+  std::atomic<uint64_t> puts_stored{0};
+  std::atomic<uint64_t> puts_already_present{0};
+  std::atomic<uint64_t> deletes{0};
+  std::atomic<uint64_t> single_flight_waits{0};  // reads that joined a flight
+  std::atomic<uint64_t> computes{0};             // GetOrCompute callbacks run
+  std::atomic<uint64_t> put_errors{0};           // GetOrCompute write-backs
+  // Gauges.
+  std::atomic<uint64_t> records{0};
+  std::atomic<uint64_t> bytes{0};  // sum of stored record sizes
+  std::atomic<uint64_t> ram_bytes{0};
+  std::atomic<uint64_t> ram_entries{0};
+};
+
+struct ModelStats {
+  uint64_t records = 0;
+  uint64_t bytes = 0;
+};
+
+// A consistent-enough snapshot for the Admin API (counters are read one by
+// one, not atomically as a group).
+struct StoreStats {
+  uint64_t records = 0;
+  uint64_t bytes = 0;
+  std::map<std::string, ModelStats> per_model;  // by model fingerprint
+  uint64_t ram_hits = 0, disk_hits = 0, misses = 0, corrupt = 0;
+  uint64_t ram_evictions = 0, capacity_evictions = 0, ttl_expirations = 0;
+  uint64_t bytes_read = 0, bytes_written = 0;
+  uint64_t ram_bytes = 0, ram_entries = 0;
+  uint64_t disk_bytes = 0;  // SST + blob files as RocksDB reports them
+};
+
+class ChunkStore {
+ public:
+  // Opens (or creates) the store at options.path. Returns an error if the
+  // directory cannot be opened, is locked by another process, or its index
+  // is unreadable.
+  static absl::StatusOr<std::unique_ptr<ChunkStore>> Open(
+      ChunkStoreOptions options);
+
+  // Persists access order and closes the database. Callers must have
+  // finished all calls on other threads first.
+  ~ChunkStore();
+
+  ChunkStore(const ChunkStore&) = delete;
+  ChunkStore& operator=(const ChunkStore&) = delete;
+
+  // Stores `record` (an encoded KV record) under `key`. Idempotent: if an
+  // intact, unexpired record with `key` exists, writes nothing and returns
+  // kAlreadyPresent. A record that a Get reported kCorrupt is replaced.
+  // InvalidArgument if `record` does not decode or is not the record of
+  // `key`; ResourceExhausted if it alone exceeds capacity_bytes; other
+  // errors are RocksDB I/O failures. Durable on return when options.sync.
+  absl::StatusOr<PutResult> Put(const ChunkKey& key, std::string record);
+
+  // Looks `key` up in the RAM tier, then on disk. The returned status is
+  // non-OK only for I/O errors; missing and corrupt records are values
+  // (GetResult::status). Corrupt results are counted.
+  absl::StatusOr<GetResult> Get(const ChunkKey& key);
+
+  // Get for each of `keys` (a query's chunk list), batching the disk reads.
+  // Results are in the order of `keys`; duplicates are allowed.
+  std::vector<absl::StatusOr<GetResult>> MultiGet(
+      absl::Span<const ChunkKey> keys);
+
+  // Get, and on kNotFound/kCorrupt run `compute` (which must return the
+  // encoded record of `key`), store its result and return it as kFound with
+  // computed = true. Concurrent calls for one key run `compute` once; the
+  // others wait and share its result. Returns compute's error if it fails,
+  // InvalidArgument if it returns a record of another key. A failure to
+  // persist the computed record is counted (put_errors) but not returned:
+  // the caller still gets its KV.
+  absl::StatusOr<GetResult> GetOrCompute(
+      const ChunkKey& key,
+      const std::function<absl::StatusOr<std::string>()>& compute);
+
+  // Removes `key` from disk and RAM. Returns true if it was present.
+  absl::StatusOr<bool> Delete(const ChunkKey& key);
+
+  StoreStats Stats() const;
+  // Live counters for the metrics exporter. Valid for the store's lifetime.
+  const StoreCounters& counters() const;
+
+  // Removes expired records, persists access order, flushes memtables and
+  // compacts both column families with forced blob garbage collection, so
+  // deleted/evicted records give their disk space back.
+  absl::Status Compact();
+
+  // Test hooks: the raw database and the data column family (bypassing the
+  // codec), and a way to drop the RAM tier so the next read hits disk.
+  rocksdb::DB* db_for_testing() const;
+  rocksdb::ColumnFamilyHandle* data_cf_for_testing() const;
+  void ClearRamTierForTesting();
+
+ private:
+  class Impl;
+  explicit ChunkStore(std::unique_ptr<Impl> impl);
+
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace infoflow::store
+
+#endif  // INFOFLOW_CACHE_STORE_CHUNK_STORE_H_
