@@ -1,0 +1,182 @@
+#include "engine/model.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+
+#include <cmath>
+#include <limits>
+
+namespace infoflow {
+namespace {
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  // Statistics in f32 even for bf16 activations, as Hugging Face does.
+  at::Tensor xf = x.to(at::kFloat);
+  at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return normed.to(x.scalar_type()) * weight;
+}
+
+// Rotate-half RoPE (Hugging Face layout): x [n, T, hd], cos/sin [T, hd].
+at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  at::Tensor x1 = x.narrow(-1, 0, half);
+  at::Tensor x2 = x.narrow(-1, half, half);
+  at::Tensor rotated = at::cat({-x2, x1}, -1);
+  return x * cos + rotated * sin;
+}
+
+}  // namespace
+
+Model::Model(ModelConfig config, ModelWeights weights, c10::Device device, c10::ScalarType dtype)
+    : config_(std::move(config)), weights_(std::move(weights)), device_(device), dtype_(dtype) {
+  std::vector<double> inv = RopeInverseFrequencies(config_);
+  inv_freq_ = at::tensor(inv, at::TensorOptions().dtype(at::kDouble)).to(device_);
+}
+
+at::Tensor Model::Embed(const at::Tensor& tokens) const {
+  return weights_.embed.index_select(0, tokens);
+}
+
+std::pair<at::Tensor, at::Tensor> Model::RopeTables(const at::Tensor& positions) const {
+  // Angles in f64 so that large positions keep full precision.
+  at::Tensor angles = positions.to(at::kDouble).unsqueeze(1) * inv_freq_.unsqueeze(0);
+  at::Tensor emb = at::cat({angles, angles}, -1);
+  return {emb.cos().to(dtype_), emb.sin().to(dtype_)};
+}
+
+at::Tensor Model::Rotate(const at::Tensor& k, const at::Tensor& positions) const {
+  auto [cos, sin] = RopeTables(positions.to(device_));
+  return ApplyRope(k, cos, sin);
+}
+
+at::Tensor Model::Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& q_pos, const at::Tensor& k_pos,
+                            at::Tensor* probs_out) {
+  const int64_t n_heads = q.size(0), n_q = q.size(1), hd = q.size(2);
+  const int64_t n_kv = k.size(0), n_keys = k.size(1);
+  const int64_t group = n_heads / n_kv;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  // Query heads [H] = [Hkv, group]: kv head j serves query heads j*group..,
+  // so no copy of K/V per query head is needed.
+  at::Tensor q4 = q.reshape({n_kv, group, n_q, hd});
+  // Bound the score matrix to ~64M elements per block of query rows.
+  const int64_t block =
+      std::max<int64_t>(1, (int64_t{64} << 20) / std::max<int64_t>(1, n_heads * n_keys));
+  at::Tensor kt = k.transpose(1, 2);
+  std::vector<at::Tensor> outs, probs;
+  for (int64_t b0 = 0; b0 < n_q; b0 += block) {
+    const int64_t nb = std::min(block, n_q - b0);
+    at::Tensor qb = q4.narrow(2, b0, nb).reshape({n_kv, group * nb, hd});
+    at::Tensor scores = at::bmm(qb, kt).mul_(scale).view({n_kv, group, nb, n_keys});
+    if (scores.scalar_type() != at::kFloat) scores = scores.to(at::kFloat);
+    at::Tensor hidden = k_pos.unsqueeze(0) > q_pos.narrow(0, b0, nb).unsqueeze(1);  // [nb, N]
+    scores.masked_fill_(hidden, -std::numeric_limits<float>::infinity());
+    at::Tensor p = at::softmax(scores, -1);
+    at::Tensor o = at::bmm(p.to(v.scalar_type()).view({n_kv, group * nb, n_keys}), v);
+    outs.push_back(o.view({n_kv, group, nb, hd}));
+    if (probs_out) probs.push_back(p);
+  }
+  at::Tensor out = outs.size() == 1 ? outs[0] : at::cat(outs, 2);
+  if (probs_out) {
+    at::Tensor p = probs.size() == 1 ? probs[0] : at::cat(probs, 2);
+    *probs_out = p.reshape({n_heads, n_q, n_keys});
+  }
+  return out.reshape({n_heads, n_q, hd});
+}
+
+at::Tensor Model::Layer(int layer, const at::Tensor& h, const at::Tensor& positions,
+                        const std::pair<at::Tensor, at::Tensor>& rope, const at::Tensor& slots,
+                        KvCache* cache, const LayerTrace& trace) const {
+  const LayerWeights& w = weights_.layers[layer];
+  const int64_t n_q = h.size(0);
+  const int64_t n_heads = config_.num_attention_heads, n_kv = config_.num_key_value_heads;
+  const int64_t hd = config_.head_dim;
+  const double eps = config_.rms_norm_eps;
+
+  // Attention block.
+  at::Tensor x = RmsNorm(h, w.attn_norm, eps);
+  at::Tensor qkv = at::linear(x, w.wqkv, w.bqkv);
+  std::vector<at::Tensor> parts = qkv.split_with_sizes({n_heads * hd, n_kv * hd, n_kv * hd}, 1);
+  at::Tensor q = parts[0].view({n_q, n_heads, hd});
+  at::Tensor k = parts[1].view({n_q, n_kv, hd});
+  at::Tensor v = parts[2].view({n_q, n_kv, hd});
+  if (w.q_norm.defined()) {
+    q = RmsNorm(q, w.q_norm, eps);
+    k = RmsNorm(k, w.k_norm, eps);
+  }
+  q = ApplyRope(q.transpose(0, 1), rope.first, rope.second);  // [H, q, hd]
+  if (trace.unrotated_keys) *trace.unrotated_keys = k.transpose(0, 1).contiguous();
+  k = ApplyRope(k.transpose(0, 1), rope.first, rope.second);  // [Hkv, q, hd]
+  cache->WriteAt(layer, slots, k, v.transpose(0, 1));
+  at::Tensor attn = Attention(q, cache->keys(layer), cache->values(layer), positions,
+                              cache->positions(), trace.attention);
+  at::Tensor out = h + at::linear(attn.transpose(0, 1).reshape({n_q, n_heads * hd}), w.wo);
+
+  // SwiGLU MLP block.
+  x = RmsNorm(out, w.mlp_norm, eps);
+  std::vector<at::Tensor> gate_up = at::linear(x, w.w_gate_up).chunk(2, -1);
+  return out + at::linear(at::silu(gate_up[0]) * gate_up[1], w.w_down);
+}
+
+at::Tensor Model::Logits(const at::Tensor& hidden) const {
+  return at::linear(RmsNorm(hidden, weights_.final_norm, config_.rms_norm_eps),
+                    weights_.lm_head)
+      .to(at::kFloat);
+}
+
+ForwardResult Model::Forward(const at::Tensor& tokens_in, const at::Tensor& positions_in,
+                             const at::Tensor& slots_in, KvCache* cache,
+                             const ForwardOptions& options) const {
+  at::Tensor tokens = tokens_in.to(device_, at::kLong);
+  at::Tensor positions = positions_in.to(device_, at::kLong);
+  at::Tensor slots;
+  if (slots_in.defined()) {
+    slots = slots_in.to(device_, at::kLong);
+    cache->SetPositions(slots, positions);
+  } else {
+    const int64_t first = cache->AppendPositions(positions);
+    slots = at::arange(first, first + tokens.size(0), tokens.options());
+  }
+  const int last = options.last_layer < 0 ? n_layers() - 1 : options.last_layer;
+  auto rope = RopeTables(positions);
+
+  ForwardResult result;
+  at::Tensor h = Embed(tokens);
+  for (int l = 0; l <= last; ++l) {
+    bool capture = false;
+    for (int c : options.capture_attention) capture |= (c == l);
+    at::Tensor probs, unrotated;
+    LayerTrace trace;
+    if (capture) trace.attention = &probs;
+    if (options.return_unrotated_keys) trace.unrotated_keys = &unrotated;
+    h = Layer(l, h, positions, rope, slots, cache, trace);
+    if (capture) result.attention[l] = probs;
+    if (options.return_unrotated_keys) result.unrotated_keys.push_back(unrotated);
+  }
+  result.hidden = h;
+  if (options.logits == ForwardOptions::Logits::kLast) {
+    result.logits = Logits(h.narrow(0, h.size(0) - 1, 1));
+  } else if (options.logits == ForwardOptions::Logits::kAll) {
+    result.logits = Logits(h);
+  }
+  return result;
+}
+
+absl::StatusOr<c10::Device> ResolveDevice(const std::string& name) {
+  if (name == "cpu") return c10::Device(c10::kCPU);
+  if (name == "auto") return at::hasCUDA() ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  if (name.rfind("cuda", 0) == 0) {
+    if (!at::hasCUDA()) {
+      return absl::FailedPreconditionError("device '" + name +
+                                           "' requested but this libtorch has no CUDA");
+    }
+    try {
+      return c10::Device(name);
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError("bad device '" + name + "': " + e.what());
+    }
+  }
+  return absl::InvalidArgumentError("device must be auto, cpu or cuda[:N], got '" + name + "'");
+}
+
+}  // namespace infoflow

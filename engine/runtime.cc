@@ -1,0 +1,49 @@
+#include "engine/runtime.h"
+
+#include <ATen/Parallel.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+namespace infoflow {
+
+std::string LoadedBlasLibrary() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    const size_t slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    const std::string path = line.substr(slash);
+    if (path.find("libblas.so") == std::string::npos) continue;
+    std::error_code ec;
+    std::filesystem::path real = std::filesystem::canonical(path, ec);
+    return ec ? path : real.string();
+  }
+  return "";
+}
+
+bool UsingReferenceBlas() {
+  const std::string blas = LoadedBlasLibrary();
+  return !blas.empty() && blas.find("openblas") == std::string::npos &&
+         blas.find("blis") == std::string::npos && blas.find("mkl") == std::string::npos;
+}
+
+void InitTorchRuntime(int threads) {
+  static std::once_flag once;
+  std::call_once(once, [threads] {
+    const int n = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
+    at::set_num_threads(std::max(1, n));
+    if (UsingReferenceBlas()) {
+      std::fprintf(stderr,
+                   "WARNING: libtorch is using the reference BLAS (%s), ~50x slower than "
+                   "OpenBLAS. Install libopenblas0-pthread (deploy/install-deps.sh) or select it "
+                   "with update-alternatives --config libblas.so.3-x86_64-linux-gnu.\n",
+                   LoadedBlasLibrary().c_str());
+    }
+  });
+}
+
+}  // namespace infoflow

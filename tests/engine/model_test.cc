@@ -1,0 +1,147 @@
+// Exactness of the transformer itself: caching, chunk prefill, RoPE.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "engine/prefill.h"
+#include "tests/engine/test_util.h"
+
+namespace infoflow {
+namespace {
+
+using testing::MaxAbsDiff;
+
+std::vector<int32_t> Ids(int n, int seed, int vocab) {
+  std::vector<int32_t> ids;
+  uint32_t x = 2463534242u + seed;
+  for (int i = 0; i < n; ++i) {
+    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+    ids.push_back(static_cast<int32_t>(3 + x % (vocab - 3)));
+  }
+  return ids;
+}
+
+ForwardOptions AllLogits() {
+  ForwardOptions o;
+  o.logits = ForwardOptions::Logits::kAll;
+  return o;
+}
+
+class ModelExactness : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const std::string kind = GetParam();
+    dir_ = kind == "stories260K" ? testing::Stories260KDir() : testing::GeneratedModelDir(kind);
+    model_ = testing::LoadOrDie(dir_);
+    ASSERT_NE(model_, nullptr);
+  }
+  std::string dir_;
+  std::unique_ptr<Model> model_;
+};
+
+// Decoding one token at a time with the cache equals recomputing the whole
+// sequence at every step.
+TEST_P(ModelExactness, IncrementalDecodeEqualsFullRecompute) {
+  const auto ids = Ids(40, 1, static_cast<int>(model_->config().vocab_size));
+  KvCache full(model_->n_layers());
+  at::Tensor ref = PrefillTokens(*model_, ids, 0, &full, AllLogits()).logits;
+
+  KvCache inc(model_->n_layers());
+  std::vector<int32_t> first(ids.begin(), ids.begin() + 10);
+  at::Tensor l0 = PrefillTokens(*model_, first, 0, &inc, AllLogits()).logits;
+  EXPECT_LE(MaxAbsDiff(l0, ref.narrow(0, 0, 10)), 1e-4);
+  for (size_t i = 10; i < ids.size(); ++i) {
+    at::Tensor step = PrefillTokens(*model_, {ids[i]}, static_cast<int64_t>(i), &inc).logits;
+    ASSERT_LE(MaxAbsDiff(step[0], ref[i]), 1e-4) << "step " << i;
+  }
+  EXPECT_EQ(inc.size(), static_cast<int64_t>(ids.size()));
+}
+
+// A single chunk prefilled alone at local positions, placed at offset 0,
+// then a question on top equals full prefill of chunk + question.
+TEST_P(ModelExactness, SingleChunkRepositionedEqualsFullPrefill) {
+  const int vocab = static_cast<int>(model_->config().vocab_size);
+  const auto chunk = Ids(33, 2, vocab), question = Ids(7, 3, vocab);
+  std::vector<int32_t> all = chunk;
+  all.insert(all.end(), question.begin(), question.end());
+  KvCache full(model_->n_layers());
+  at::Tensor ref = PrefillTokens(*model_, all, 0, &full, AllLogits()).logits;
+
+  absl::StatusOr<ChunkKv> kv = PrefillChunk(*model_, chunk, PrefixMode::kNone);
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  KvCache cache(model_->n_layers());
+  AppendChunkAt(*model_, *kv, 0, &cache);
+  at::Tensor got = PrefillTokens(*model_, question, 33, &cache, AllLogits()).logits;
+  EXPECT_LE(MaxAbsDiff(got, ref.narrow(0, 33, 7)), 1e-4);
+  for (int l = 0; l < model_->n_layers(); ++l) {
+    EXPECT_LE(MaxAbsDiff(cache.keys(l), full.keys(l)), 1e-4) << "layer " << l;
+    EXPECT_LE(MaxAbsDiff(cache.values(l), full.values(l)), 1e-4) << "layer " << l;
+  }
+}
+
+// Reposition(prefill at 0..n-1, offset d) gives the layer-0 keys a prefill at
+// d..d+n-1 computes; layer-0 K/V depend only on token and position.
+TEST_P(ModelExactness, RepositionMatchesPrefillAtOffset) {
+  const int vocab = static_cast<int>(model_->config().vocab_size);
+  const auto chunk = Ids(20, 4, vocab);
+  absl::StatusOr<ChunkKv> kv = PrefillChunk(*model_, chunk, PrefixMode::kNone);
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  for (int64_t d : {1, 17, 300}) {
+    KvCache at_d(model_->n_layers());
+    ForwardOptions o;
+    o.logits = ForwardOptions::Logits::kNone;
+    PrefillTokens(*model_, chunk, d, &at_d, o);
+    at::Tensor moved = RepositionKeys(*model_, kv->k[0], PositionRange(*model_, d, 20));
+    EXPECT_LE(MaxAbsDiff(moved, at_d.keys(0)), 1e-5) << "offset " << d;
+    EXPECT_LE(MaxAbsDiff(kv->v[0], at_d.values(0)), 1e-6) << "offset " << d;
+  }
+}
+
+TEST_P(ModelExactness, RotateThenUnrotateIsIdentity) {
+  at::Tensor k = at::randn({static_cast<int64_t>(model_->config().num_key_value_heads), 50,
+                            model_->config().head_dim});
+  at::Tensor pos = PositionRange(*model_, 0, 50) * 37 + 5;
+  at::Tensor back = model_->Rotate(model_->Rotate(k, pos), -pos);
+  EXPECT_LE(MaxAbsDiff(back, k), 1e-5);
+}
+
+// Chunk prefill after BOS drops the BOS KV and keeps positions 1..n.
+TEST_P(ModelExactness, BosPrefixChunkEqualsFullPrefillAfterBos) {
+  const int vocab = static_cast<int>(model_->config().vocab_size);
+  const auto chunk = Ids(25, 5, vocab);
+  std::vector<int32_t> all = {static_cast<int32_t>(model_->config().bos_token_id.value_or(1))};
+  all.insert(all.end(), chunk.begin(), chunk.end());
+  KvCache full(model_->n_layers());
+  PrefillTokens(*model_, all, 0, &full, AllLogits());
+  absl::StatusOr<ChunkKv> kv = PrefillChunk(*model_, chunk, PrefixMode::kBos);
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  KvCache cache(model_->n_layers());
+  AppendChunkAt(*model_, *kv, 1, &cache);
+  for (int l = 0; l < model_->n_layers(); ++l) {
+    EXPECT_LE(MaxAbsDiff(cache.keys(l), full.keys(l).narrow(1, 1, 25)), 1e-4) << "layer " << l;
+    EXPECT_LE(MaxAbsDiff(cache.values(l), full.values(l).narrow(1, 1, 25)), 1e-4);
+  }
+}
+
+TEST_P(ModelExactness, PrefillChunkRejectsBadInput) {
+  EXPECT_EQ(PrefillChunk(*model_, {}, PrefixMode::kNone).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PrefillChunk(*model_, {1, static_cast<int32_t>(model_->config().vocab_size)},
+                         PrefixMode::kNone)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, ModelExactness,
+                         ::testing::Values("stories260K", "llama", "qwen2", "qwen3",
+                                           "llama3-scaled", "bf16"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n) c = isalnum(c) ? c : '_';
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace infoflow

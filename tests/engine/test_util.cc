@@ -1,0 +1,39 @@
+#include "tests/engine/test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <mutex>
+
+#include "engine/test_model.h"
+
+namespace infoflow::testing {
+
+std::unique_ptr<Model> LoadOrDie(const std::string& dir) {
+  LoadOptions options;
+  options.device = "cpu";
+  absl::StatusOr<std::unique_ptr<Model>> m = Model::Load(dir, options);
+  if (!m.ok()) {
+    ADD_FAILURE() << "loading " << dir << ": " << m.status();
+    return nullptr;
+  }
+  return *std::move(m);
+}
+
+std::string GeneratedModelDir(const std::string& kind) {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  const std::string dir = std::string(INFOFLOW_TEST_DATA_DIR) + "/models/" + kind;
+  if (std::filesystem::exists(dir + "/model.safetensors")) return dir;
+  TestModelSpec spec;
+  spec.seed = 7;
+  if (kind == "qwen2") spec.model_type = "qwen2";
+  if (kind == "qwen3") spec.model_type = "qwen3";
+  if (kind == "llama3-scaled") spec.llama3_rope_scaling = true;
+  if (kind == "bf16") spec.dtype = "bf16";
+  absl::Status s = WriteTestModel(dir, spec);
+  if (!s.ok()) ADD_FAILURE() << "writing test model " << kind << ": " << s;
+  return dir;
+}
+
+}  // namespace infoflow::testing
