@@ -80,7 +80,10 @@ struct SafetensorsHeader {
   std::map<std::string, std::string> metadata;  // "__metadata__", if any.
 };
 
-// A read-only memory-mapped safetensors file. Not copyable.
+// A read-only memory-mapped safetensors file. Not copyable. The file must not
+// be truncated or rewritten in place while open (reads of a mapping past a
+// shrunk file end raise SIGBUS); WriteSafetensors replaces files by rename,
+// which is safe.
 class SafetensorsFile {
  public:
   // Maps `path` and validates its header. On success returns the file. On
