@@ -18,6 +18,13 @@ constexpr char kWhiteSpaceBody[] =
     R"(\t\n\x0B\f\r \x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
 constexpr char kLookaheadAlt[] = R"(\s+(?!\S))";
 
+bool AllWhiteSpace(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    if (!unicode::IsWhiteSpace(unicode::NextCodePoint(s, &i))) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> RegexSplitter::Translate(std::string_view pattern,
@@ -120,10 +127,10 @@ std::vector<std::pair<size_t, size_t>> RegexSplitter::FindAll(std::string_view t
   std::vector<std::pair<size_t, size_t>> out;
   re2::StringPiece input(text.data(), text.size());
   re2::StringPiece groups[2];
-  const int ngroups = lookahead_group_ ? 2 : 1;
   size_t pos = 0;
   while (pos < text.size()) {
-    if (!re_->Match(input, pos, text.size(), RE2::UNANCHORED, groups, ngroups)) break;
+    // Finding only the overall match lets RE2 stay on its fast DFA path.
+    if (!re_->Match(input, pos, text.size(), RE2::UNANCHORED, groups, 1)) break;
     size_t begin = groups[0].data() - text.data();
     size_t end = begin + groups[0].size();
     if (end == begin) {
@@ -133,7 +140,9 @@ std::vector<std::pair<size_t, size_t>> RegexSplitter::FindAll(std::string_view t
       pos = next;
       continue;
     }
-    if (lookahead_group_ && groups[1].data() != nullptr && end < text.size()) {
+    if (lookahead_group_ && end < text.size() && AllWhiteSpace(text.substr(begin, end - begin)) &&
+        re_->Match(input, begin, text.size(), RE2::ANCHOR_START, groups, 2) &&
+        groups[1].data() != nullptr) {
       // `\s+(?!\S)`: the greedy run stopped before a non-space, so the real
       // lookahead match leaves the run's last character to the next match.
       size_t last = begin, i = begin;
