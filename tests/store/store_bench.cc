@@ -14,9 +14,12 @@
 //                       RocksDB's block cache is empty (OS page cache is not
 //                       dropped: that needs root)
 //   Put/sync:{0,1}      1 MiB records, fresh keys; reports disk bytes / bytes
+// Rates are per wall-clock second (UseRealTime). main() applies
+// TuneMallocForLargeValues() unless STORE_BENCH_NO_MALLOC_TUNING=1.
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -24,6 +27,7 @@
 #include <vector>
 
 #include "cache_store/chunk_store.h"
+#include "cache_store/malloc_tuning.h"
 #include "tests/store/test_records.h"
 
 namespace infoflow::store {
@@ -213,27 +217,27 @@ void BM_Put(benchmark::State& state, Compression c, bool sync) {
 
 void RegisterAll() {
   benchmark::RegisterBenchmark("Memcpy/8x1MiB", BM_Memcpy)
-      ->Unit(benchmark::kMicrosecond);
+      ->Unit(benchmark::kMicrosecond)->UseRealTime();
   for (Compression c :
        {Compression::kNone, Compression::kLz4, Compression::kZstd}) {
     const std::string n = Name(c);
     benchmark::RegisterBenchmark(("MultiGetRam/" + n).c_str(), BM_MultiGetRam,
                                  c, false)
-        ->Unit(benchmark::kMicrosecond);
+        ->Unit(benchmark::kMicrosecond)->UseRealTime();
     benchmark::RegisterBenchmark(("MultiGetRamCopyOut/" + n).c_str(),
                                  BM_MultiGetRam, c, true)
-        ->Unit(benchmark::kMicrosecond);
+        ->Unit(benchmark::kMicrosecond)->UseRealTime();
     benchmark::RegisterBenchmark(("MultiGetDiskWarm/" + n).c_str(),
                                  BM_MultiGetDisk, c, false)
-        ->Unit(benchmark::kMicrosecond);
+        ->Unit(benchmark::kMicrosecond)->UseRealTime();
     benchmark::RegisterBenchmark(("MultiGetDiskCold/" + n).c_str(),
                                  BM_MultiGetDisk, c, true)
-        ->Unit(benchmark::kMicrosecond)
+        ->Unit(benchmark::kMicrosecond)->UseRealTime()
         ->Iterations(20);
     benchmark::RegisterBenchmark(("Put/sync:0/" + n).c_str(), BM_Put, c, false)
-        ->Unit(benchmark::kMicrosecond);
+        ->Unit(benchmark::kMicrosecond)->UseRealTime();
     benchmark::RegisterBenchmark(("Put/sync:1/" + n).c_str(), BM_Put, c, true)
-        ->Unit(benchmark::kMicrosecond);
+        ->Unit(benchmark::kMicrosecond)->UseRealTime();
   }
 }
 
@@ -241,6 +245,12 @@ void RegisterAll() {
 }  // namespace infoflow::store
 
 int main(int argc, char** argv) {
+  // As the server should (see malloc_tuning.h); STORE_BENCH_NO_MALLOC_TUNING=1
+  // measures the glibc defaults instead.
+  const char* no_tuning = std::getenv("STORE_BENCH_NO_MALLOC_TUNING");
+  if (no_tuning == nullptr || std::string(no_tuning) != "1") {
+    if (!infoflow::store::TuneMallocForLargeValues()) return 1;
+  }
   infoflow::store::RegisterAll();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
