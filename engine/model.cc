@@ -3,11 +3,14 @@
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 
+#include <atomic>
 #include <cmath>
 #include <limits>
 
 namespace infoflow {
 namespace {
+
+std::atomic<int64_t> g_attention_rows{0};
 
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   // Statistics in f32 even for bf16 activations, as Hugging Face does.
@@ -53,6 +56,7 @@ at::Tensor Model::Attention(const at::Tensor& q, const at::Tensor& k, const at::
                             const at::Tensor& q_pos, const at::Tensor& k_pos,
                             at::Tensor* probs_out) {
   const int64_t n_heads = q.size(0), n_q = q.size(1), hd = q.size(2);
+  g_attention_rows.fetch_add(n_q, std::memory_order_relaxed);
   const int64_t n_kv = k.size(0), n_keys = k.size(1);
   const int64_t group = n_heads / n_kv;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
@@ -161,6 +165,8 @@ ForwardResult Model::Forward(const at::Tensor& tokens_in, const at::Tensor& posi
   }
   return result;
 }
+
+int64_t AttentionQueryRows() { return g_attention_rows.load(std::memory_order_relaxed); }
 
 absl::StatusOr<c10::Device> ResolveDevice(const std::string& name) {
   if (name == "cpu") return c10::Device(c10::kCPU);

@@ -141,6 +141,10 @@ class Model {
   std::string fingerprint_;
 };
 
+// Query rows processed by Model::Attention since process start, summed over
+// layers: lets tests prove recompute work is proportional to k.
+int64_t AttentionQueryRows();
+
 // Resolves "auto" / "cpu" / "cuda[:N]" against what this libtorch supports.
 absl::StatusOr<c10::Device> ResolveDevice(const std::string& name);
 

@@ -1,0 +1,106 @@
+// The query-time pipeline of DESIGN.md §2: given stored chunk KVs and a
+// question, build the merged context KV by one Method, then prefill the
+// prompt and decode. Every stage is one named function in its own file:
+//   reposition.h  RepositionChunks       (§2.3)
+//   scoring.h     ScoreByAttentionNorm   (§2.4)
+//   selection.h   SelectTopK, ReorderChunks, CacheBlendSelect, EpicSelect,
+//                 RandomSelect           (§2.5, §2.6, §3)
+//   recompute.h   RecomputeTokens        (§2.7)
+// and this file composes them.
+//
+// Thread-safety: the functions are reentrant; a Model may be shared, each call
+// owns its KvCache.
+#ifndef INFOFLOW_ENGINE_PIPELINE_H_
+#define INFOFLOW_ENGINE_PIPELINE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/decode.h"
+#include "engine/kv_cache.h"
+#include "engine/model.h"
+#include "engine/prefill.h"
+
+namespace infoflow {
+
+enum class Method { kFull, kNone, kInfoFlow, kCacheBlend, kEpic, kRandom };
+const char* MethodName(Method m);  // "FULL", "NONE", "INFOFLOW", ...
+bool ParseMethod(const std::string& name, Method* out);  // case-insensitive
+
+enum class ScoreVariant { kL2, kSum, kVNorm };
+enum class Deviation { kV, kK };  // which layer-1 state CacheBlend compares
+
+struct MethodOptions {
+  Method method = Method::kInfoFlow;
+  double ratio = 0.15;   // r: recompute floor(r * context tokens)
+  bool reorder = false;  // INFOFLOW only: the request allows moving chunks
+  std::vector<int> scoring_layers;  // empty = DefaultScoringLayers(model)
+  ScoreVariant variant = ScoreVariant::kL2;
+  Deviation deviation = Deviation::kV;
+  int lego_k = 4;     // EPIC: tokens recomputed at the start of every chunk
+  uint64_t seed = 0;  // RANDOM
+};
+
+// Paper's 22..25 for models with more than 26 layers, else L-5..L-2
+// (clipped at 0).
+std::vector<int> DefaultScoringLayers(const Model& model);
+
+// One query's inputs, all as token ids.
+struct QueryInput {
+  // What precedes the chunks (e.g. [BOS]); its KV is computed fresh.
+  std::vector<int32_t> prefix_ids;
+  // The stored chunks, in request order. Each was prefilled alone after
+  // `chunk_prefix_mode`.
+  std::vector<std::shared_ptr<const ChunkKv>> chunks;
+  PrefixMode chunk_prefix_mode = PrefixMode::kBos;
+  // The raw question, used for scoring (not the instruction template).
+  std::vector<int32_t> question_ids;
+  // What is prefilled after the context before decoding: template + question.
+  std::vector<int32_t> prompt_ids;
+};
+
+struct StageTimings {
+  double reposition_ms = 0, score_ms = 0, select_ms = 0, reorder_ms = 0, recompute_ms = 0,
+         prompt_ms = 0, first_token_ms = 0, decode_ms = 0;
+};
+
+struct RecomputePlan {
+  Method method = Method::kInfoFlow;
+  int64_t context_tokens = 0;    // chunk tokens, prefix excluded
+  std::vector<int64_t> selected;  // recomputed context indices (0 = first chunk token), sorted
+  std::vector<int> chunk_order;   // final order, as indices into QueryInput::chunks
+  std::vector<double> scores;     // per context token (INFOFLOW), final layout order
+  StageTimings timings;
+};
+
+// The merged context KV for prefix + chunks, ready for the prompt.
+struct BlendedContext {
+  KvCache cache;
+  RecomputePlan plan;
+  int64_t next_position = 0;  // where the prompt starts
+  BlendedContext(int n_layers) : cache(n_layers) {}
+};
+
+// Builds the merged context by `options.method`. InvalidArgument for ratio
+// outside [0, 1], bad scoring layers, empty chunks, or chunks whose K/V
+// shapes do not fit the model.
+absl::StatusOr<BlendedContext> BuildContext(const Model& model, const QueryInput& input,
+                                            const MethodOptions& options);
+
+struct QueryResult {
+  RecomputePlan plan;
+  DecodeResult decode;
+  double ttft_ms = 0;  // from BuildContext start to the first sampled token
+};
+
+// BuildContext + prompt prefill + Decode, streaming tokens to `on_token`.
+absl::StatusOr<QueryResult> RunQuery(const Model& model, const Tokenizer* tokenizer,
+                                     const QueryInput& input, const MethodOptions& options,
+                                     const DecodeOptions& decode, const TokenCallback& on_token);
+
+}  // namespace infoflow
+
+#endif  // INFOFLOW_ENGINE_PIPELINE_H_

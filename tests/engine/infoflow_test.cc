@@ -1,0 +1,257 @@
+// DESIGN.md §3 invariants and the InfoFlow stages, pinned against FULL.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "engine/pipeline.h"
+#include "engine/recompute.h"
+#include "engine/reposition.h"
+#include "engine/scoring.h"
+#include "engine/selection.h"
+#include "tests/engine/test_util.h"
+
+namespace infoflow {
+namespace {
+
+using testing::MaxAbsDiff;
+
+std::vector<int32_t> Ids(int n, uint32_t seed, int vocab) {
+  std::vector<int32_t> ids;
+  uint32_t x = 2463534242u + seed * 7919u;
+  for (int i = 0; i < n; ++i) {
+    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+    ids.push_back(static_cast<int32_t>(3 + x % (vocab - 3)));
+  }
+  return ids;
+}
+
+class InfoFlowTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    model_ = testing::LoadOrDie(testing::GeneratedModelDir(GetParam()));
+    ASSERT_NE(model_, nullptr);
+    vocab_ = static_cast<int>(model_->config().vocab_size);
+    bos_ = static_cast<int32_t>(model_->config().bos_token_id.value_or(1));
+  }
+
+  // prefix [BOS] + chunks of the given lengths + a question.
+  QueryInput MakeInput(const std::vector<int>& lengths, uint32_t seed) {
+    QueryInput in;
+    in.prefix_ids = {bos_};
+    in.chunk_prefix_mode = PrefixMode::kBos;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      auto kv = PrefillChunk(*model_, Ids(lengths[i], seed * 100 + i, vocab_), PrefixMode::kBos);
+      EXPECT_TRUE(kv.ok()) << kv.status();
+      in.chunks.push_back(std::make_shared<ChunkKv>(*std::move(kv)));
+    }
+    in.question_ids = Ids(6, seed * 100 + 99, vocab_);
+    in.prompt_ids = in.question_ids;
+    return in;
+  }
+
+  // Logits of every prompt token after building the context by `options`.
+  at::Tensor PromptLogits(const QueryInput& in, const MethodOptions& options,
+                          RecomputePlan* plan = nullptr) {
+    absl::StatusOr<BlendedContext> ctx = BuildContext(*model_, in, options);
+    EXPECT_TRUE(ctx.ok()) << ctx.status();
+    if (!ctx.ok()) return at::zeros({1});
+    ForwardOptions all;
+    all.logits = ForwardOptions::Logits::kAll;
+    at::Tensor logits = PrefillTokens(*model_, in.prompt_ids, ctx->next_position, &ctx->cache, all).logits;
+    if (plan) *plan = ctx->plan;
+    return logits;
+  }
+
+  at::Tensor FullLogits(const QueryInput& in) {
+    MethodOptions full;
+    full.method = Method::kFull;
+    return PromptLogits(in, full);
+  }
+
+  static double Kl(const at::Tensor& p_logits, const at::Tensor& q_logits) {
+    at::Tensor lp = at::log_softmax(p_logits.to(at::kDouble), -1);
+    at::Tensor lq = at::log_softmax(q_logits.to(at::kDouble), -1);
+    return (lp.exp() * (lp - lq)).sum(-1).mean().item<double>();
+  }
+
+  std::unique_ptr<Model> model_;
+  int vocab_ = 0;
+  int32_t bos_ = 1;
+};
+
+TEST_P(InfoFlowTest, RatioOneEqualsFullForEveryMethod) {
+  QueryInput in = MakeInput({17, 23, 9, 30}, 1);
+  at::Tensor ref = FullLogits(in);
+  for (Method m : {Method::kInfoFlow, Method::kCacheBlend, Method::kRandom}) {
+    MethodOptions o;
+    o.method = m;
+    o.ratio = 1.0;
+    EXPECT_LE(MaxAbsDiff(PromptLogits(in, o), ref), 1e-4) << MethodName(m);
+  }
+  MethodOptions epic;
+  epic.method = Method::kEpic;
+  epic.lego_k = 1000;  // every token of every chunk
+  EXPECT_LE(MaxAbsDiff(PromptLogits(in, epic), ref), 1e-4);
+}
+
+TEST_P(InfoFlowTest, RatioZeroEqualsNoneAndNoneDiffersFromFull) {
+  QueryInput in = MakeInput({15, 20, 12}, 2);
+  MethodOptions none;
+  none.method = Method::kNone;
+  at::Tensor base = PromptLogits(in, none);
+  for (Method m : {Method::kInfoFlow, Method::kCacheBlend, Method::kRandom}) {
+    MethodOptions o;
+    o.method = m;
+    o.ratio = 0.0;
+    RecomputePlan plan;
+    EXPECT_LE(MaxAbsDiff(PromptLogits(in, o, &plan), base), 1e-5) << MethodName(m);
+    EXPECT_TRUE(plan.selected.empty()) << MethodName(m);
+  }
+  // Several chunks that never saw each other: NONE must not be exact, or the
+  // invariants above could not fail.
+  EXPECT_GT(MaxAbsDiff(base, FullLogits(in)), 1e-3);
+}
+
+TEST_P(InfoFlowTest, SingleChunkNoneEqualsFull) {
+  QueryInput in = MakeInput({40}, 3);
+  MethodOptions none;
+  none.method = Method::kNone;
+  EXPECT_LE(MaxAbsDiff(PromptLogits(in, none), FullLogits(in)), 1e-4);
+  // And with no prefix at all (chunk prefilled at 0..n-1).
+  QueryInput bare = in;
+  bare.prefix_ids.clear();
+  bare.chunk_prefix_mode = PrefixMode::kNone;
+  auto kv = PrefillChunk(*model_, in.chunks[0]->token_ids, PrefixMode::kNone);
+  ASSERT_TRUE(kv.ok());
+  bare.chunks = {std::make_shared<ChunkKv>(*std::move(kv))};
+  EXPECT_LE(MaxAbsDiff(PromptLogits(bare, none), FullLogits(bare)), 1e-4);
+}
+
+// Deviation from FULL shrinks as r grows: the ends strictly, the middle on
+// average over seeds (selection is a heuristic; single cases may be noisy).
+TEST_P(InfoFlowTest, DeviationShrinksWithRatio) {
+  const std::vector<double> ratios = {0.0, 0.15, 0.5, 1.0};
+  std::vector<double> mean_kl(ratios.size(), 0.0), mean_abs(ratios.size(), 0.0);
+  const int seeds = 4;
+  for (int seed = 0; seed < seeds; ++seed) {
+    QueryInput in = MakeInput({24, 18, 30, 20}, 10 + seed);
+    at::Tensor ref = FullLogits(in);
+    for (size_t i = 0; i < ratios.size(); ++i) {
+      MethodOptions o;
+      o.ratio = ratios[i];
+      at::Tensor got = PromptLogits(in, o);
+      mean_kl[i] += Kl(ref, got) / seeds;
+      mean_abs[i] += MaxAbsDiff(got, ref) / seeds;
+    }
+  }
+  EXPECT_GT(mean_kl[0], 1e-6);
+  EXPECT_LE(mean_abs[3], 1e-4);
+  EXPECT_LT(mean_kl[2], mean_kl[0]);
+  EXPECT_LE(mean_kl[1], mean_kl[0] * 1.05);
+  EXPECT_LE(mean_kl[3], mean_kl[2]);
+}
+
+// The paper's RoPE-alignment claim: scores under global positions differ from
+// scores with every chunk at its local positions, and BuildContext uses the
+// global ones.
+TEST_P(InfoFlowTest, ScoringUsesGlobalPositions) {
+  QueryInput in = MakeInput({30, 30, 30}, 4);
+  const auto layers = DefaultScoringLayers(*model_);
+  // Global layout.
+  KvCache global(model_->n_layers());
+  PrefillTokens(*model_, in.prefix_ids, 0, &global);
+  RepositionChunks(*model_, in.chunks, {0, 1, 2}, 1, &global);
+  at::Tensor g = ScoreByAttentionNorm(*model_, &global, in.question_ids, 91, 1, 91, layers,
+                                      ScoreVariant::kL2);
+  EXPECT_EQ(global.size(), 91);  // the question's KV was dropped again
+  // Local layout: every chunk at positions 1..30, question right after.
+  KvCache local(model_->n_layers());
+  PrefillTokens(*model_, in.prefix_ids, 0, &local);
+  for (const auto& c : in.chunks) AppendChunkAt(*model_, *c, 1, &local);
+  at::Tensor l = ScoreByAttentionNorm(*model_, &local, in.question_ids, 31, 1, 91, layers,
+                                      ScoreVariant::kL2);
+  EXPECT_GT(MaxAbsDiff(g, l), 1e-3);
+
+  MethodOptions o;
+  RecomputePlan plan;
+  PromptLogits(in, o, &plan);
+  ASSERT_EQ(plan.scores.size(), 90u);
+  at::Tensor planned = at::tensor(plan.scores, at::kDouble);
+  EXPECT_LE(MaxAbsDiff(planned, g), 1e-9);
+  // Selection = top-k of the global scores outside the first chunk.
+  EXPECT_EQ(plan.selected, SelectTopK(g, BudgetFor(0.15, 90), ExcludeFirstChunk(90, 30)));
+  for (int64_t i : plan.selected) EXPECT_GE(i, 30);
+}
+
+TEST_P(InfoFlowTest, ReorderAtRatioOneEqualsFullOnReorderedChunks) {
+  QueryInput in = MakeInput({12, 25, 18, 9}, 5);
+  MethodOptions o;
+  o.ratio = 1.0;
+  o.reorder = true;
+  RecomputePlan plan;
+  at::Tensor got = PromptLogits(in, o, &plan);
+  QueryInput reordered = in;
+  reordered.chunks.clear();
+  for (int c : plan.chunk_order) reordered.chunks.push_back(in.chunks[c]);
+  EXPECT_LE(MaxAbsDiff(got, FullLogits(reordered)), 1e-4);
+
+  // At r = 0.3 the chunk with the highest first-pass selected ratio goes last.
+  o.ratio = 0.3;
+  PromptLogits(in, o, &plan);
+  std::vector<int> sorted = plan.chunk_order;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, (std::vector<int>{0, 1, 2, 3}));
+}
+
+// Recompute of k tokens processes exactly k attention rows per layer.
+TEST_P(InfoFlowTest, RecomputeWorkIsProportionalToK) {
+  QueryInput in = MakeInput({40, 40, 40}, 6);
+  KvCache cache(model_->n_layers());
+  PrefillTokens(*model_, in.prefix_ids, 0, &cache);
+  std::vector<int32_t> ids = in.prefix_ids;
+  auto ctx = RepositionChunks(*model_, in.chunks, {0, 1, 2}, 1, &cache);
+  ids.insert(ids.end(), ctx.begin(), ctx.end());
+  for (int64_t k : {1, 7, 18}) {
+    std::vector<int64_t> slots;
+    for (int64_t i = 0; i < k; ++i) slots.push_back(41 + i * 4);
+    const int64_t before = AttentionQueryRows();
+    RecomputeTokens(*model_, &cache, ids, slots);
+    EXPECT_EQ(AttentionQueryRows() - before, k * model_->n_layers());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, InfoFlowTest, ::testing::Values("llama", "qwen3"));
+
+TEST(Selection, TopKIsSortedStableAndRespectsEligibility) {
+  at::Tensor s = at::tensor({0.5, 0.9, 0.9, 0.1, 0.7}, at::kDouble);
+  EXPECT_EQ(SelectTopK(s, 2), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(SelectTopK(s, 3, {false, false, true, true, true}), (std::vector<int64_t>{2, 3, 4}));
+  EXPECT_EQ(SelectTopK(s, 10).size(), 5u);
+  EXPECT_EQ(BudgetFor(0.15, 100), 15);
+  EXPECT_EQ(BudgetFor(1.0, 7), 7);
+  EXPECT_EQ(BudgetFor(0.0, 7), 0);
+}
+
+TEST(Selection, ReorderMovesHighestRatioLastAndKeepsTies) {
+  // Chunks 0..3 of lengths 10, 10, 20, 10 in order 0,1,2,3.
+  // Selected: chunk1 gets 5/10, chunk2 gets 2/20, chunk3 gets 0, chunk0 0.
+  std::vector<int64_t> sel = {10, 11, 12, 13, 14, 20, 21};
+  EXPECT_EQ(ReorderChunks(sel, {10, 10, 20, 10}, {0, 1, 2, 3}), (std::vector<int>{0, 3, 2, 1}));
+  // Ties keep the current relative order.
+  EXPECT_EQ(ReorderChunks({}, {5, 5, 5}, {2, 0, 1}), (std::vector<int>{2, 0, 1}));
+}
+
+TEST(Selection, EpicAndRandom) {
+  EXPECT_EQ(EpicSelect({3, 6, 2}, 2), (std::vector<int64_t>{0, 1, 3, 4, 9, 10}));
+  EXPECT_EQ(EpicSelect({3, 6}, 2, ExcludeFirstChunk(9, 3)), (std::vector<int64_t>{3, 4}));
+  auto a = RandomSelect(100, 15, 42), b = RandomSelect(100, 15, 42), c = RandomSelect(100, 15, 43);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  EXPECT_EQ(a.size(), 15u);
+  EXPECT_TRUE(std::is_sorted(a.begin(), a.end()));
+  for (int64_t i : RandomSelect(100, 50, 1, ExcludeFirstChunk(100, 60))) EXPECT_GE(i, 60);
+}
+
+}  // namespace
+}  // namespace infoflow
