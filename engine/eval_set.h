@@ -1,0 +1,94 @@
+// Seeded synthetic eval sets for comparing blending methods, plus the answer
+// scoring (exact match, token F1) the `infoflow-eval` tool reports.
+//
+// Every task puts the facts needed to answer in *different* chunks, or needs
+// the question to find one fact among many chunks, so the answer depends on
+// what the chunk KVs carry across chunk boundaries:
+//   multihop  chunk a: "<A>'s manager is <B>."  chunk b > a: "<B> works in <City>."
+//             Q: "Where does <A>'s manager work?"          answer: City
+//   needle    one chunk (depth varies): "The secret code of <A> is <n>."
+//             Q: "What is the secret code of <A>?"          answer: n
+//   coref     chunk a: "<A> is a <job> ..."  chunk b > a: "She/He lives in
+//             <City>." (pronoun, at the start of chunk a+1) or "The <job>
+//             lives in <City>." (alias, any later chunk)
+//             Q: "Where does <A> live?"                     answer: City
+// The rest of every chunk is seeded filler prose about other made-up people
+// and places; filler never uses the fact phrasings ("manager", "works in",
+// "secret code", "lives in"), the answer cities or the job titles.
+//
+// Torch-free; text only, so it works with any tokenizer.
+#ifndef INFOFLOW_ENGINE_EVAL_SET_H_
+#define INFOFLOW_ENGINE_EVAL_SET_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace infoflow {
+
+struct EvalExample {
+  std::vector<std::string> chunks;
+  std::string question;
+  std::vector<std::string> answers;
+  std::string task;  // "multihop", "needle", "coref" (free text when loaded)
+};
+
+struct EvalSetOptions {
+  int n_examples = 8;
+  int n_chunks = 6;       // meant for 4..16; clamped to >= 2
+  int chunk_words = 60;   // approximate words per chunk (facts included)
+  uint64_t seed = 0;
+  // Tasks cycled over examples in this order; empty = all three.
+  std::vector<std::string> tasks = {"multihop", "needle", "coref"};
+};
+
+// The known task names, in the order "all" expands to.
+const std::vector<std::string>& EvalTaskNames();
+
+// InvalidArgument for unknown task names or non-positive sizes.
+absl::Status ValidateEvalSetOptions(const EvalSetOptions& options);
+
+// Deterministic in `options` (same options => identical examples). Example i
+// uses task tasks[i % tasks.size()]. Unknown task names are skipped (call
+// ValidateEvalSetOptions first to reject them).
+std::vector<EvalExample> GenerateEvalSet(const EvalSetOptions& options);
+
+// One JSONL line (no trailing newline):
+// {"chunks": [...], "question": "...", "answers": [...], "task": "..."}
+std::string EvalExampleToJson(const EvalExample& example);
+
+// Writes one EvalExampleToJson line per example.
+absl::Status WriteEvalSet(const std::string& path, const std::vector<EvalExample>& examples);
+
+// Reads a JSONL eval set. Blank lines are skipped. Each line must be an
+// object with "chunks" (non-empty array of strings), "question" (string) and
+// "answers" (array of strings, or one string); "task" (string) is optional.
+// NotFound if the file cannot be opened; InvalidArgument "PATH:LINE: why"
+// for a bad line, or if the file holds no examples.
+absl::StatusOr<std::vector<EvalExample>> LoadEvalSet(const std::string& path);
+
+// --- Answer scoring --------------------------------------------------------
+// NormalizeAnswer: lowercase ASCII, delete punctuation, drop the articles
+// "a", "an", "the" as words, collapse whitespace (SQuAD style).
+std::string NormalizeAnswer(std::string_view text);
+
+// The part of generated text that is scored: up to the first newline, with
+// leading whitespace/newlines skipped first (models often start with " ").
+std::string_view AnswerSpan(std::string_view generated);
+
+// 1 if normalized AnswerSpan(generated) equals a normalized answer or starts
+// with it followed by a word boundary ("paris is nice" matches "Paris"), else
+// 0. Empty normalized answers never match.
+double ExactMatch(std::string_view generated, const std::vector<std::string>& answers);
+
+// Max over answers of the bag-of-words F1 between normalized
+// AnswerSpan(generated) and the normalized answer.
+double TokenF1(std::string_view generated, const std::vector<std::string>& answers);
+
+}  // namespace infoflow
+
+#endif  // INFOFLOW_ENGINE_EVAL_SET_H_
