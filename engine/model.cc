@@ -114,7 +114,7 @@ at::Tensor Model::Layer(int layer, const at::Tensor& h, const at::Tensor& positi
   cache->WriteAt(layer, slots, k, v.transpose(0, 1));
   at::Tensor attn = Attention(q, cache->keys(layer), cache->values(layer), positions,
                               cache->positions(), trace.attention);
-  at::Tensor out = h + at::linear(attn.transpose(0, 1).reshape({n_q, n_heads * hd}), w.wo);
+  at::Tensor out = h + at::linear(attn.transpose(0, 1).reshape({n_q, n_heads * hd}), w.wo, w.bo);
 
   // SwiGLU MLP block.
   x = RmsNorm(out, w.mlp_norm, eps);

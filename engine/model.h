@@ -34,6 +34,7 @@ struct LayerWeights {
   at::Tensor q_norm;     // [hd] or undefined (Qwen3 per-head RMSNorm)
   at::Tensor k_norm;     // [hd] or undefined
   at::Tensor wo;         // [d, H * hd]
+  at::Tensor bo;         // [d] or undefined (Llama attention_bias; never Qwen2)
   at::Tensor mlp_norm;   // [d]
   at::Tensor w_gate_up;  // [2 * intermediate, d]: gate and up fused
   at::Tensor w_down;     // [d, intermediate]

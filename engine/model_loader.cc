@@ -82,6 +82,11 @@ absl::StatusOr<ModelWeights> ReadWeights(const ModelConfig& c, const WeightReade
       ASSIGN_OR_RETURN_TENSOR(lw.k_norm, r.Read(p + "self_attn.k_norm.weight", {hd}));
     }
     ASSIGN_OR_RETURN_TENSOR(lw.wo, r.Read(p + "self_attn.o_proj.weight", {d, nh * hd}));
+    // Hugging Face Llama/Mistral bias o_proj too when attention_bias is set;
+    // Qwen2 biases only q/k/v.
+    if (c.attention_bias && c.model_type != "qwen2") {
+      ASSIGN_OR_RETURN_TENSOR(lw.bo, r.Read(p + "self_attn.o_proj.bias", {d}));
+    }
     ASSIGN_OR_RETURN_TENSOR(lw.mlp_norm, r.Read(p + "post_attention_layernorm.weight", {d}));
     ASSIGN_OR_RETURN_TENSOR(gate, r.Read(p + "mlp.gate_proj.weight", {ff, d}));
     ASSIGN_OR_RETURN_TENSOR(up, r.Read(p + "mlp.up_proj.weight", {ff, d}));

@@ -141,7 +141,9 @@ class Model:
         else:
             self.lm_head = g("lm_head.weight")
         qwen2_bias = self.model_type == "qwen2"
-        attn_bias = bool(cfg.get("attention_bias", False))
+        # HF Qwen2 always biases q/k/v and never o_proj, whatever
+        # "attention_bias" says; Llama's attention_bias biases all four.
+        attn_bias = bool(cfg.get("attention_bias", False)) and not qwen2_bias
         self.layers = []
         for i in range(self.n_layers):
             p = "model.layers.%d." % i
