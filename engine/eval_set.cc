@@ -100,9 +100,13 @@ std::string FillerSentence(Rng& rng) {
     case 4:
       return absl::StrCat("Nobody remembers why the ", Pick(rng, kLandmarks),
                           " closed early that ", Pick(rng, kPeriods), ".");
-    case 5:
-      return absl::StrCat("Every ", Pick(rng, kPeriods), ", ", a, " keeps a ",
-                          Pick(rng, kAdjectives), " ", Pick(rng, kObjects), " by the door.");
+    case 5: {
+      const std::string& period = Pick(rng, kPeriods);
+      const std::string& adj = Pick(rng, kAdjectives);
+      const char* article = std::string("aeiou").find(adj[0]) != std::string::npos ? " an " : " a ";
+      return absl::StrCat("Every ", period, ", ", a, " keeps", article, adj, " ",
+                          Pick(rng, kObjects), " by the door.");
+    }
     default:
       return absl::StrCat("Visitors to the ", Pick(rng, kLandmarks), " often find ", a, " ",
                           Pick(rng, kActivities), ".");

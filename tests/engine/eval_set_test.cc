@@ -1,0 +1,191 @@
+// The synthetic eval-set generator and answer scoring (engine/eval_set.h).
+#include "engine/eval_set.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "engine/tokenizer.h"
+#include "tests/engine/test_util.h"
+
+namespace infoflow {
+namespace {
+
+EvalSetOptions Opts(int n, uint64_t seed, std::vector<std::string> tasks) {
+  EvalSetOptions o;
+  o.n_examples = n;
+  o.n_chunks = 6;
+  o.chunk_words = 60;
+  o.seed = seed;
+  o.tasks = std::move(tasks);
+  return o;
+}
+
+std::string TempPath(const std::string& name) {
+  return ::testing::TempDir() + "/eval_set_test_" + name + ".jsonl";
+}
+
+// Index of the only chunk containing `needle`, -1 if none, -2 if several.
+int ChunkWith(const EvalExample& ex, const std::string& needle) {
+  int found = -1;
+  for (size_t i = 0; i < ex.chunks.size(); ++i) {
+    if (ex.chunks[i].find(needle) != std::string::npos) {
+      if (found != -1) return -2;
+      found = static_cast<int>(i);
+    }
+  }
+  return found;
+}
+
+TEST(EvalSetTest, DeterministicBySeed) {
+  auto a = GenerateEvalSet(Opts(9, 7, {"multihop", "needle", "coref"}));
+  auto b = GenerateEvalSet(Opts(9, 7, {"multihop", "needle", "coref"}));
+  auto c = GenerateEvalSet(Opts(9, 8, {"multihop", "needle", "coref"}));
+  ASSERT_EQ(a.size(), 9u);
+  ASSERT_EQ(b.size(), 9u);
+  bool any_diff = false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(EvalExampleToJson(a[i]), EvalExampleToJson(b[i]));
+    any_diff |= EvalExampleToJson(a[i]) != EvalExampleToJson(c[i]);
+  }
+  EXPECT_TRUE(any_diff) << "different seeds gave identical sets";
+}
+
+TEST(EvalSetTest, ShapeAnswersInTextAndLength) {
+  auto set = GenerateEvalSet(Opts(12, 3, {}));
+  ASSERT_EQ(set.size(), 12u);
+  for (size_t i = 0; i < set.size(); ++i) {
+    const EvalExample& ex = set[i];
+    EXPECT_EQ(ex.task, EvalTaskNames()[i % 3]);
+    ASSERT_EQ(ex.chunks.size(), 6u);
+    ASSERT_FALSE(ex.answers.empty());
+    EXPECT_GE(ChunkWith(ex, ex.answers[0]), 0) << ex.answers[0] << " in " << EvalExampleToJson(ex);
+    for (const std::string& c : ex.chunks) {
+      size_t words = std::count(c.begin(), c.end(), ' ') + 1;
+      EXPECT_GE(words, 60u);
+      EXPECT_LE(words, 100u);
+    }
+  }
+}
+
+TEST(EvalSetTest, MultihopFactsInDifferentChunks) {
+  auto set = GenerateEvalSet(Opts(10, 11, {"multihop"}));
+  for (const EvalExample& ex : set) {
+    // "Where does <A>'s manager work?"
+    const std::string prefix = "Where does ";
+    ASSERT_EQ(ex.question.rfind(prefix, 0), 0u);
+    std::string name1 = ex.question.substr(prefix.size(), ex.question.find("'s manager") - prefix.size());
+    int a = ChunkWith(ex, name1 + "'s manager is ");
+    ASSERT_GE(a, 0);
+    size_t at = ex.chunks[a].find(name1 + "'s manager is ") + name1.size() + 14;
+    std::string name2 = ex.chunks[a].substr(at, ex.chunks[a].find('.', at) - at);
+    int b = ChunkWith(ex, name2 + " works in " + ex.answers[0] + ".");
+    ASSERT_GE(b, 0) << name2;
+    EXPECT_LT(a, b);
+  }
+}
+
+TEST(EvalSetTest, NeedleDepthVaries) {
+  auto set = GenerateEvalSet(Opts(8, 5, {"needle"}));
+  std::set<int> depths;
+  for (const EvalExample& ex : set) {
+    int d = ChunkWith(ex, "The secret code of ");
+    ASSERT_GE(d, 0);
+    EXPECT_GE(ChunkWith(ex, " is " + ex.answers[0] + "."), 0);
+    depths.insert(d);
+  }
+  EXPECT_GE(depths.size(), 4u);
+}
+
+TEST(EvalSetTest, CorefRefersBackAcrossChunks) {
+  auto set = GenerateEvalSet(Opts(10, 2, {"coref"}));
+  for (const EvalExample& ex : set) {
+    std::string name = ex.question.substr(11, ex.question.size() - 11 - 6);  // "Where does X live?"
+    int intro = ChunkWith(ex, name + " is ");
+    int lives = ChunkWith(ex, "lives in " + ex.answers[0]);
+    ASSERT_GE(intro, 0) << name;
+    ASSERT_GE(lives, 0);
+    EXPECT_LT(intro, lives);
+    EXPECT_EQ(ex.chunks[lives].find(name), std::string::npos) << "named in the fact chunk";
+  }
+}
+
+TEST(EvalSetTest, JsonlRoundTrip) {
+  auto set = GenerateEvalSet(Opts(6, 1, {}));
+  const std::string path = TempPath("roundtrip");
+  ASSERT_TRUE(WriteEvalSet(path, set).ok());
+  auto loaded = LoadEvalSet(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->size(), set.size());
+  for (size_t i = 0; i < set.size(); ++i) {
+    EXPECT_EQ((*loaded)[i].chunks, set[i].chunks);
+    EXPECT_EQ((*loaded)[i].question, set[i].question);
+    EXPECT_EQ((*loaded)[i].answers, set[i].answers);
+    EXPECT_EQ((*loaded)[i].task, set[i].task);
+  }
+  std::string line = EvalExampleToJson(set[0]);
+  EXPECT_EQ(line.rfind("{\"chunks\":", 0), 0u) << line;
+  std::remove(path.c_str());
+}
+
+TEST(EvalSetTest, BadLinesNameTheLine) {
+  const std::string path = TempPath("bad");
+  {
+    std::ofstream out(path);
+    out << "{\"chunks\": [\"a\"], \"question\": \"q\", \"answers\": [\"x\"]}\n\n"
+        << "{\"chunks\": [\"a\"], \"question\": \"q\", \"answers\": \"x\", \"task\": \"t\"}\n"
+        << "{\"chunks\": [\"a\"], \"question\": 3, \"answers\": [\"x\"]}\n";
+  }
+  auto r = LoadEvalSet(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find(":4: "), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("question"), std::string::npos) << r.status();
+  {
+    std::ofstream out(path);
+    out << "{\"chunks\": [\"a\"], \"question\": \"q\", \"answers\": [\"x\"]}\n{not json\n";
+  }
+  r = LoadEvalSet(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find(":2: invalid JSON"), std::string::npos) << r.status();
+  EXPECT_EQ(LoadEvalSet(path + ".missing").status().code(), absl::StatusCode::kNotFound);
+  std::remove(path.c_str());
+}
+
+TEST(EvalSetTest, ValidateRejectsUnknownTask) {
+  EXPECT_FALSE(ValidateEvalSetOptions(Opts(1, 0, {"bogus"})).ok());
+  EXPECT_TRUE(ValidateEvalSetOptions(Opts(1, 0, {"needle"})).ok());
+}
+
+TEST(EvalSetTest, AnswerScoring) {
+  EXPECT_EQ(NormalizeAnswer("  The  Quick, brown FOX! "), "quick brown fox");
+  EXPECT_EQ(AnswerSpan("\n  Lisbon.\nmore"), "Lisbon.");
+  EXPECT_EQ(ExactMatch(" Lisbon.\nQuestion: x", {"Lisbon"}), 1.0);
+  EXPECT_EQ(ExactMatch("lisbon is lovely", {"Lisbon"}), 1.0);
+  EXPECT_EQ(ExactMatch("Lisbonia", {"Lisbon"}), 0.0);
+  EXPECT_EQ(ExactMatch("in Lisbon", {"Lisbon"}), 0.0);
+  EXPECT_EQ(ExactMatch("", {""}), 0.0);
+  EXPECT_DOUBLE_EQ(TokenF1("in Lisbon", {"Lisbon"}), 2 * 0.5 * 1.0 / 1.5);
+  EXPECT_DOUBLE_EQ(TokenF1("Oslo", {"Lisbon", "Oslo"}), 1.0);
+  EXPECT_DOUBLE_EQ(TokenF1("", {"Oslo"}), 0.0);
+}
+
+TEST(EvalSetTest, WorksWithAModelTokenizer) {
+  auto tok = Tokenizer::FromFile(testing::GeneratedModelDir("llama") + "/tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  auto set = GenerateEvalSet(Opts(3, 4, {}));
+  for (const EvalExample& ex : set) {
+    for (const std::string& c : ex.chunks) {
+      std::vector<int32_t> ids = (*tok)->Encode(c);
+      EXPECT_GT(ids.size(), 40u);
+      EXPECT_EQ((*tok)->Decode(ids), c);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace infoflow
