@@ -63,9 +63,11 @@ at::Tensor Model::Attention(const at::Tensor& q, const at::Tensor& k, const at::
   // Query heads [H] = [Hkv, group]: kv head j serves query heads j*group..,
   // so no copy of K/V per query head is needed.
   at::Tensor q4 = q.reshape({n_kv, group, n_q, hd});
-  // Bound the score matrix to ~64M elements per block of query rows.
+  // Bound the score matrix to ~2M elements (8 MB f32) per block of query
+  // rows: larger blocks fall to mmap'd allocations whose page faults cost
+  // more than the matmuls on small VMs, and gain no BLAS efficiency.
   const int64_t block =
-      std::max<int64_t>(1, (int64_t{64} << 20) / std::max<int64_t>(1, n_heads * n_keys));
+      std::max<int64_t>(1, (int64_t{2} << 20) / std::max<int64_t>(1, n_heads * n_keys));
   at::Tensor kt = k.transpose(1, 2);
   std::vector<at::Tensor> outs, probs;
   for (int64_t b0 = 0; b0 < n_q; b0 += block) {

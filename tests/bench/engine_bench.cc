@@ -1,0 +1,200 @@
+// engine_bench: prefill throughput vs the machine's matmul peak (issue 2) and
+// the cost of each query-time method vs FULL prefill (issue 4).
+//
+//   engine_bench [--threads N] [--tokens 2048] [--context 4096] [--chunks 8]
+//                [--model DIR] [--reps 3]
+//
+// Without --model it writes a generated 6-layer, 512-wide LLaMA (GQA 8/4,
+// SwiGLU 1408) to a temp dir. Prints one table; ratios are from this run.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "engine/pipeline.h"
+#include "engine/prefill.h"
+#include "engine/runtime.h"
+#include "engine/test_model.h"
+
+namespace infoflow {
+namespace {
+
+double NowMs() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+template <typename F>
+double MedianMs(int reps, F f) {
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const double s = NowMs();
+    f();
+    t.push_back(NowMs() - s);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+double MatmulPeakGflops(int reps) {
+  at::Tensor a = at::randn({1024, 1024}), b = at::randn({1024, 1024});
+  at::mm(a, b);  // warm up
+  const double ms = MedianMs(reps * 3, [&] { at::mm(a, b); });
+  return 2.0 * 1024 * 1024 * 1024 / (ms * 1e6);
+}
+
+// Matmul FLOPs of a prefill of n tokens: projections + MLP per token, QK^T and
+// PV over the full n x n score matrix (what the engine computes; the causal
+// mask is applied after), LM head for the last token.
+double PrefillFlops(const ModelConfig& c, int64_t n) {
+  const double d = c.hidden_size, hd = c.head_dim, h = c.num_attention_heads,
+               kv = c.num_key_value_heads, ff = c.intermediate_size;
+  const double per_token = 2 * (d * (h + 2 * kv) * hd + h * hd * d + 3 * d * ff);
+  const double attn = 2 * 2 * static_cast<double>(n) * n * h * hd;
+  return c.num_hidden_layers * (n * per_token + attn) + 2 * d * c.vocab_size;
+}
+
+std::vector<int32_t> Ids(int64_t n, uint32_t seed, int vocab) {
+  std::vector<int32_t> ids;
+  uint32_t x = 2463534242u + seed;
+  for (int64_t i = 0; i < n; ++i) {
+    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+    ids.push_back(static_cast<int32_t>(4 + x % (vocab - 4)));
+  }
+  return ids;
+}
+
+int Main(int argc, char** argv) {
+  int threads = 0, reps = 3, chunks = 8;
+  int64_t tokens = 2048, context = 4096;
+  std::string dir;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string f = argv[i];
+    if (f == "--threads") threads = std::atoi(argv[i + 1]);
+    else if (f == "--tokens") tokens = std::atoll(argv[i + 1]);
+    else if (f == "--context") context = std::atoll(argv[i + 1]);
+    else if (f == "--chunks") chunks = std::atoi(argv[i + 1]);
+    else if (f == "--model") dir = argv[i + 1];
+    else if (f == "--reps") reps = std::atoi(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "usage: engine_bench [--threads N] [--tokens N] [--context N] "
+                           "[--chunks N] [--model DIR] [--reps N]\n");
+      return 2;
+    }
+  }
+  InitTorchRuntime(threads);
+  if (dir.empty()) {
+    dir = (std::filesystem::temp_directory_path() / "infoflow-bench-model").string();
+    TestModelSpec spec;
+    spec.hidden_size = 512;
+    spec.num_layers = 6;
+    spec.num_heads = 8;
+    spec.num_kv_heads = 4;
+    spec.intermediate_size = 1408;
+    spec.vocab_size = 2048;
+    spec.max_position_embeddings = 32768;
+    if (!std::filesystem::exists(dir + "/model.safetensors")) {
+      absl::Status s = WriteTestModel(dir, spec);
+      if (!s.ok()) {
+        std::fprintf(stderr, "writing bench model: %s\n", s.ToString().c_str());
+        return 1;
+      }
+    }
+  }
+  LoadOptions lo;
+  lo.device = "cpu";
+  auto model = Model::Load(dir, lo);
+  if (!model.ok()) {
+    std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
+    return 1;
+  }
+  const Model& m = **model;
+  const int vocab = static_cast<int>(m.config().vocab_size);
+  std::printf("model %s: %lld layers, d=%lld, heads %lld/%lld, ff %lld; torch threads %d; BLAS %s\n",
+              dir.c_str(), (long long)m.config().num_hidden_layers,
+              (long long)m.config().hidden_size, (long long)m.config().num_attention_heads,
+              (long long)m.config().num_key_value_heads,
+              (long long)m.config().intermediate_size, at::get_num_threads(),
+              LoadedBlasLibrary().c_str());
+
+  // 1. Prefill throughput vs matmul peak.
+  const double peak = MatmulPeakGflops(reps);
+  const auto prompt = Ids(tokens, 1, vocab);
+  {
+    KvCache warm(m.n_layers());
+    PrefillTokens(m, Ids(64, 9, vocab), 0, &warm);
+  }
+  const double prefill_ms = MedianMs(reps, [&] {
+    KvCache cache(m.n_layers());
+    PrefillTokens(m, prompt, 0, &cache);
+  });
+  const double gflops = PrefillFlops(m.config(), tokens) / (prefill_ms * 1e6);
+  std::printf("\nprefill %lld tokens: %.1f ms, %.0f tokens/s, %.1f GFLOP/s; "
+              "torch::mm 1024^3 peak %.1f GFLOP/s; ratio %.2f\n",
+              (long long)tokens, prefill_ms, tokens / (prefill_ms / 1e3), gflops, peak,
+              gflops / peak);
+
+  // 2. Query-time cost per method at `context` tokens in `chunks` chunks.
+  QueryInput in;
+  in.prefix_ids = {static_cast<int32_t>(m.config().bos_token_id.value_or(0))};
+  in.chunk_prefix_mode = PrefixMode::kBos;
+  for (int c = 0; c < chunks; ++c) {
+    auto kv = PrefillChunk(m, Ids(context / chunks, 100 + c, vocab), PrefixMode::kBos);
+    if (!kv.ok()) return 1;
+    in.chunks.push_back(std::make_shared<ChunkKv>(*std::move(kv)));
+  }
+  in.question_ids = Ids(24, 7, vocab);
+  in.prompt_ids = in.question_ids;
+  struct Row {
+    const char* name;
+    MethodOptions o;
+  };
+  std::vector<Row> rows;
+  auto add = [&](const char* name, Method method, bool reorder = false) {
+    MethodOptions o;
+    o.method = method;
+    o.ratio = 0.15;
+    o.reorder = reorder;
+    rows.push_back({name, o});
+  };
+  add("FULL", Method::kFull);
+  add("NONE", Method::kNone);
+  add("INFOFLOW r=0.15", Method::kInfoFlow);
+  add("INFOFLOW+reorder", Method::kInfoFlow, true);
+  add("CACHEBLEND r=0.15", Method::kCacheBlend);
+  add("EPIC k=4", Method::kEpic);
+  add("RANDOM r=0.15", Method::kRandom);
+  DecodeOptions one;
+  one.max_new_tokens = 1;
+  std::printf("\n%lld context tokens in %d chunks, question %zu tokens (median of %d)\n",
+              (long long)context, chunks, in.question_ids.size(), reps);
+  std::printf("%-18s %9s %9s %8s %8s %10s %8s %10s %9s\n", "method", "TTFT ms", "vs FULL",
+              "repos", "score", "recompute", "prompt", "recomputed", "rc/FULL");
+  double full_ttft = 0, full_build = 0;
+  for (const Row& r : rows) {
+    std::vector<QueryResult> results;
+    const double ttft = MedianMs(reps, [&] {
+      auto q = RunQuery(m, nullptr, in, r.o, one, nullptr);
+      if (q.ok()) results.push_back(*std::move(q));
+    });
+    if (results.empty()) return 1;
+    const StageTimings& t = results.back().plan.timings;
+    if (r.o.method == Method::kFull) full_ttft = ttft, full_build = t.recompute_ms;
+    std::printf("%-18s %9.1f %9.3f %8.1f %8.1f %10.1f %8.1f %10zu %9.3f\n", r.name, ttft,
+                ttft / full_ttft, t.reposition_ms, t.score_ms, t.recompute_ms, t.prompt_ms,
+                results.back().plan.selected.size(), t.recompute_ms / full_build);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace infoflow
+
+int main(int argc, char** argv) { return infoflow::Main(argc, argv); }
