@@ -1,0 +1,163 @@
+#include "server/chunk_resolver.h"
+
+#include <ATen/ATen.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cache_store/chunk_store.h"
+#include "engine/chunk_codec.h"
+#include "engine/prefill.h"
+#include "engine/tokenizer.h"
+
+namespace infoflow::server {
+
+bool IsValidUtf8(std::string_view s) {
+  size_t i = 0;
+  const size_t n = s.size();
+  while (i < n) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int len;
+    uint32_t cp;
+    if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F;
+    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F;
+    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07;
+    else return false;
+    if (i + len > n) return false;
+    for (int j = 1; j < len; ++j) {
+      const unsigned char cc = static_cast<unsigned char>(s[i + j]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+        cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+ChunkResolver::ChunkResolver(const Model* model, const Tokenizer* tokenizer,
+                             store::ChunkStore* store, int64_t max_chunk_tokens)
+    : model_(model), tokenizer_(tokenizer), store_(store), max_chunk_tokens_(max_chunk_tokens) {}
+
+std::vector<int32_t> ChunkResolver::Tokenize(std::string_view text) const {
+  return tokenizer_->Encode(text);
+}
+
+absl::StatusOr<std::vector<int32_t>> ChunkResolver::ChunkTokens(std::string_view text,
+                                                                const std::string& field) const {
+  if (text.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": empty chunk text"));
+  if (!IsValidUtf8(text)) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": text is not valid UTF-8"));
+  }
+  std::vector<int32_t> ids = tokenizer_->Encode(text);
+  if (ids.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": chunk has no tokens"));
+  if (static_cast<int64_t>(ids.size()) > max_chunk_tokens_) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": chunk has ", ids.size(),
+                                                   " tokens, limit is ", max_chunk_tokens_,
+                                                   " (--max-chunk-tokens)"));
+  }
+  return ids;
+}
+
+absl::StatusOr<IngestOutcome> ChunkResolver::Ingest(std::string_view text, PrefixMode mode,
+                                                    const std::string& field) const {
+  absl::StatusOr<std::vector<int32_t>> ids = ChunkTokens(text, field);
+  if (!ids.ok()) return ids.status();
+  const store::ChunkKey key = ChunkKeyFor(*model_, *ids, mode);
+  IngestOutcome out;
+  out.key_hex = key.Hex();
+  out.n_tokens = static_cast<int64_t>(ids->size());
+  absl::StatusOr<store::GetResult> got = store_->Get(key);
+  if (!got.ok()) return got.status();
+  if (got->status == store::GetStatus::kFound) {
+    out.already_present = true;
+    return out;
+  }
+  absl::StatusOr<ChunkKv> kv = PrefillChunk(*model_, *ids, mode);
+  if (!kv.ok()) return kv.status();
+  absl::StatusOr<std::string> record = EncodeChunkRecord(*model_, *kv, mode);
+  if (!record.ok()) return record.status();
+  absl::StatusOr<store::PutResult> put = store_->Put(key, *std::move(record));
+  if (!put.ok()) return put.status();
+  out.already_present = *put == store::PutResult::kAlreadyPresent;
+  return out;
+}
+
+absl::StatusOr<ResolvedChunks> ChunkResolver::Resolve(const std::vector<ChunkRef>& refs,
+                                                      PrefixMode mode) const {
+  ResolvedChunks out;
+  out.chunks.resize(refs.size());
+  out.keys_hex.resize(refs.size());
+  // Keys first, batched; texts go through GetOrCompute (write-through).
+  std::vector<store::ChunkKey> keys;
+  std::vector<size_t> key_index;
+  for (size_t i = 0; i < refs.size(); ++i) {
+    if (!refs[i].by_key) continue;
+    absl::StatusOr<store::ChunkKey> key = store::ChunkKey::FromHex(refs[i].key_hex);
+    if (!key.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunks[", i, "].key: expected 64 hex digits, got '", refs[i].key_hex, "'"));
+    }
+    keys.push_back(*key);
+    key_index.push_back(i);
+  }
+  std::vector<std::string> missing;
+  std::vector<absl::StatusOr<store::GetResult>> got = store_->MultiGet(keys);
+  for (size_t j = 0; j < keys.size(); ++j) {
+    const size_t i = key_index[j];
+    out.keys_hex[i] = keys[j].Hex();
+    if (!got[j].ok()) return got[j].status();
+    if (got[j]->status != store::GetStatus::kFound) {
+      missing.push_back(out.keys_hex[i]);
+      continue;
+    }
+    absl::StatusOr<std::shared_ptr<const ChunkKv>> kv =
+        DecodeChunkRecord(*model_, got[j]->value->record());
+    if (!kv.ok()) {
+      return absl::Status(kv.status().code(), absl::StrCat("chunks[", i, "]: ", kv.status().message()));
+    }
+    out.chunks[i] = *std::move(kv);
+    ++out.hits;
+  }
+  if (!missing.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("chunks: ", missing.size(), " key(s) not stored: ", absl::StrJoin(missing, ", ")));
+  }
+  for (size_t i = 0; i < refs.size(); ++i) {
+    if (refs[i].by_key) continue;
+    const std::string field = absl::StrCat("chunks[", i, "].text");
+    absl::StatusOr<std::vector<int32_t>> ids = ChunkTokens(refs[i].text, field);
+    if (!ids.ok()) return ids.status();
+    const store::ChunkKey key = ChunkKeyFor(*model_, *ids, mode);
+    out.keys_hex[i] = key.Hex();
+    absl::StatusOr<store::GetResult> res =
+        store_->GetOrCompute(key, [&]() -> absl::StatusOr<std::string> {
+          absl::StatusOr<ChunkKv> kv = PrefillChunk(*model_, *ids, mode);
+          if (!kv.ok()) return kv.status();
+          return EncodeChunkRecord(*model_, *kv, mode);
+        });
+    if (!res.ok()) return res.status();
+    absl::StatusOr<std::shared_ptr<const ChunkKv>> kv =
+        DecodeChunkRecord(*model_, res->value->record());
+    if (!kv.ok()) {
+      return absl::Status(kv.status().code(), absl::StrCat(field, ": ", kv.status().message()));
+    }
+    out.chunks[i] = *std::move(kv);
+    if (res->computed) {
+      ++out.misses;
+      out.prefilled_tokens += static_cast<int64_t>(ids->size());
+    } else {
+      ++out.hits;
+    }
+  }
+  for (const auto& c : out.chunks) out.context_tokens += c->size();
+  return out;
+}
+
+}  // namespace infoflow::server

@@ -1,0 +1,94 @@
+// ChunkResolver: the ingest and fetch stages of DESIGN.md §2.1-2.2 over the
+// engine and the store -- text to tokens to key, prefill-once-and-store, and
+// a query's chunk list (keys or texts) to ChunkKv, with write-through
+// prefill for chunks given as text that are not stored (or stored corrupt).
+//
+// Thread-safe: the model, tokenizer and store it uses are.
+#ifndef INFOFLOW_SERVER_CHUNK_RESOLVER_H_
+#define INFOFLOW_SERVER_CHUNK_RESOLVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace infoflow {
+class Model;
+class Tokenizer;
+struct ChunkKv;
+enum class PrefixMode : uint8_t;
+namespace store {
+class ChunkStore;
+}
+}  // namespace infoflow
+
+namespace infoflow::server {
+
+// True when `s` is well-formed UTF-8 (no overlongs, surrogates or > U+10FFFF).
+bool IsValidUtf8(std::string_view s);
+
+// One chunk of a query: a stored key (64 hex digits) or text.
+struct ChunkRef {
+  bool by_key = false;
+  std::string key_hex;
+  std::string text;
+};
+
+struct IngestOutcome {
+  std::string key_hex;
+  int64_t n_tokens = 0;
+  bool already_present = false;
+};
+
+struct ResolvedChunks {
+  std::vector<std::shared_ptr<const ChunkKv>> chunks;  // request order
+  std::vector<std::string> keys_hex;                   // request order
+  int hits = 0;    // served by the store
+  int misses = 0;  // prefilled now (text given, not stored or corrupt)
+  int64_t prefilled_tokens = 0;
+  int64_t context_tokens = 0;
+};
+
+class ChunkResolver {
+ public:
+  // All pointers must outlive the resolver. Chunks longer than
+  // `max_chunk_tokens` tokens are refused.
+  ChunkResolver(const Model* model, const Tokenizer* tokenizer, store::ChunkStore* store,
+                int64_t max_chunk_tokens);
+
+  // Ingests one chunk text: InvalidArgument (naming `field`) when it is
+  // empty, not UTF-8, or too long; otherwise stores its KV unless an intact
+  // record exists (already_present).
+  absl::StatusOr<IngestOutcome> Ingest(std::string_view text, PrefixMode mode,
+                                       const std::string& field) const;
+
+  // The checks Ingest makes before any work (empty, UTF-8, token limit),
+  // so a batch can be refused whole before anything is stored.
+  absl::Status Validate(std::string_view text, const std::string& field) const {
+    return ChunkTokens(text, field).status();
+  }
+
+  // Fetches every chunk of a query. NotFound listing every key that is
+  // neither stored nor given as text; InvalidArgument for malformed keys or
+  // bad texts; FailedPrecondition for records of another model.
+  absl::StatusOr<ResolvedChunks> Resolve(const std::vector<ChunkRef>& refs, PrefixMode mode) const;
+
+  // Tokens of `text` under the served tokenizer (no specials).
+  std::vector<int32_t> Tokenize(std::string_view text) const;
+
+ private:
+  absl::StatusOr<std::vector<int32_t>> ChunkTokens(std::string_view text,
+                                                   const std::string& field) const;
+
+  const Model* model_;
+  const Tokenizer* tokenizer_;
+  store::ChunkStore* store_;
+  int64_t max_chunk_tokens_;
+};
+
+}  // namespace infoflow::server
+
+#endif  // INFOFLOW_SERVER_CHUNK_RESOLVER_H_

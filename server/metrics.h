@@ -1,0 +1,57 @@
+// Prometheus metrics of infoflow-server, served by prometheus-cpp's pull
+// Exposer on their own HTTP port (/metrics). Store counters are read from
+// the store's atomics at scrape time, so the store needs no metrics code.
+//
+// Thread-safe: every method may be called from any request thread.
+#ifndef INFOFLOW_SERVER_METRICS_H_
+#define INFOFLOW_SERVER_METRICS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace infoflow::store {
+struct StoreCounters;
+}
+
+namespace infoflow::server {
+
+// Per-stage durations of one query, in milliseconds (names as in the Report).
+struct StageSample {
+  const char* stage;
+  double ms;
+};
+
+class Metrics {
+ public:
+  // Binds `listen` ("host:port", port 0 = ephemeral). `counters` must
+  // outlive the Metrics. Unavailable when the port cannot be bound.
+  static absl::StatusOr<std::unique_ptr<Metrics>> Start(const std::string& listen,
+                                                        const store::StoreCounters* counters,
+                                                        const std::string& model_name);
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // The bound /metrics port.
+  int port() const;
+
+  void ObserveQuery(const std::string& method, double ttft_seconds,
+                    const std::vector<StageSample>& stages, double recompute_ratio,
+                    int64_t generated_tokens);
+  void AddIngestTokens(int64_t n);
+  void AddInflightStreams(int delta);
+  void SetQueueDepth(int depth);
+
+ private:
+  struct Impl;
+  explicit Metrics(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace infoflow::server
+
+#endif  // INFOFLOW_SERVER_METRICS_H_

@@ -1,0 +1,175 @@
+#include "server/server.h"
+
+#include <ATen/ATen.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "cache_store/chunk_store.h"
+#include "engine/model.h"
+#include "engine/runtime.h"
+#include "engine/test_model.h"
+#include "engine/tokenizer.h"
+#include "server/services.h"
+
+namespace infoflow::server {
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, const char* flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+struct InfoflowServer::State {
+  ServerOptions options;
+  std::string model_dir;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<store::ChunkStore> store;
+  std::unique_ptr<ChunkResolver> resolver;
+  std::unique_ptr<QueryRunner> runner;
+  std::unique_ptr<Metrics> metrics;
+  std::unique_ptr<Admission> admission;
+  ServiceDeps deps;
+  std::unique_ptr<IngestService> ingest;
+  std::unique_ptr<QueryService> query;
+  std::unique_ptr<AdminService> admin;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  std::once_flag shutdown_once;
+};
+
+InfoflowServer::InfoflowServer(std::unique_ptr<State> state) : s_(std::move(state)) {}
+
+InfoflowServer::~InfoflowServer() {
+  Shutdown(std::chrono::milliseconds(2000));
+  s_->server.reset();
+}
+
+absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const ServerOptions& options) {
+  auto s = std::make_unique<State>();
+  s->options = options;
+  InitTorchRuntime(options.threads);
+
+  s->model_dir = options.model_dir;
+  if (s->model_dir.empty()) {
+    // No model given: a deterministic tiny model, generated once.
+    s->model_dir = (std::filesystem::path(options.data_dir).parent_path() / "models" / "default")
+                       .lexically_normal()
+                       .string();
+    if (!std::filesystem::exists(s->model_dir + "/config.json")) {
+      std::fprintf(stderr, "no --model: generating a test model into %s\n", s->model_dir.c_str());
+      if (absl::Status st = WriteTestModel(s->model_dir, TestModelSpec{}); !st.ok()) return st;
+    }
+  }
+  LoadOptions load;
+  load.device = options.device;
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(s->model_dir, load);
+  if (!model.ok()) return model.status();
+  s->model = *std::move(model);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromFile(s->model_dir + "/tokenizer.json");
+  if (!tok.ok()) return tok.status();
+  s->tokenizer = *std::move(tok);
+
+  store::ChunkStoreOptions so;
+  so.path = options.data_dir;
+  so.ram_tier_bytes = options.ram_bytes;
+  so.sync = options.store_sync;
+  absl::StatusOr<std::unique_ptr<store::ChunkStore>> st = store::ChunkStore::Open(so);
+  if (!st.ok()) return st.status();
+  s->store = *std::move(st);
+
+  s->resolver = std::make_unique<ChunkResolver>(s->model.get(), s->tokenizer.get(), s->store.get(),
+                                                options.max_chunk_tokens);
+  s->runner = std::make_unique<QueryRunner>(s->model.get(), s->tokenizer.get(), s->resolver.get(),
+                                            options.max_context_tokens);
+  s->admission = std::make_unique<Admission>(options.workers, options.queue_depth);
+  const std::string model_name =
+      std::filesystem::path(s->model_dir).lexically_normal().filename().string();
+  if (!options.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<Metrics>> m =
+        Metrics::Start(options.metrics_listen, &s->store->counters(), model_name);
+    if (!m.ok()) return m.status();
+    s->metrics = *std::move(m);
+  }
+
+  ServiceDeps& d = s->deps;
+  d.model = s->model.get();
+  d.model_name = model_name;
+  d.store = s->store.get();
+  d.resolver = s->resolver.get();
+  d.runner = s->runner.get();
+  d.metrics = s->metrics.get();
+  d.admission = s->admission.get();
+  d.options = &s->options;
+  if (!options.auth_token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadFile(options.auth_token_file, "--auth-token-file");
+    if (!token.ok()) return token.status();
+    d.auth_token = std::string(absl::StripAsciiWhitespace(*token));
+    if (d.auth_token.empty()) return absl::InvalidArgumentError("--auth-token-file: empty token");
+  }
+  s->ingest = std::make_unique<IngestService>(&s->deps);
+  s->query = std::make_unique<QueryService>(&s->deps);
+  s->admin = std::make_unique<AdminService>(&s->deps);
+
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (!options.tls_cert.empty()) {
+    absl::StatusOr<std::string> cert = ReadFile(options.tls_cert, "--tls-cert");
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadFile(options.tls_key, "--tls-key");
+    if (!key.ok()) return key.status();
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({*key, *cert});
+    creds = grpc::SslServerCredentials(ssl);
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, creds, &s->port);
+  builder.RegisterService(s->ingest.get());
+  builder.RegisterService(s->query.get());
+  builder.RegisterService(s->admin.get());
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  s->server = builder.BuildAndStart();
+  if (!s->server || s->port == 0) {
+    return absl::UnavailableError(absl::StrCat("--listen ", options.listen, ": cannot bind"));
+  }
+  const std::string host = options.listen.substr(0, options.listen.rfind(':'));
+  std::fprintf(stderr, "model %s fingerprint=%s device=%s\n", s->model_dir.c_str(),
+               s->model->fingerprint().substr(0, 16).c_str(), s->model->device().str().c_str());
+  std::fprintf(stderr, "listening on %s:%d%s\n", host.c_str(), s->port,
+               options.tls_cert.empty() ? "" : " (tls)");
+  if (s->metrics) {
+    const std::string mhost = options.metrics_listen.substr(0, options.metrics_listen.rfind(':'));
+    std::fprintf(stderr, "metrics on http://%s:%d/metrics\n", mhost.c_str(), s->metrics->port());
+  }
+  return std::unique_ptr<InfoflowServer>(new InfoflowServer(std::move(s)));
+}
+
+int InfoflowServer::port() const { return s_->port; }
+int InfoflowServer::metrics_port() const { return s_->metrics ? s_->metrics->port() : 0; }
+const std::string& InfoflowServer::model_dir() const { return s_->model_dir; }
+
+void InfoflowServer::Shutdown(std::chrono::milliseconds grace) {
+  std::call_once(s_->shutdown_once, [&] {
+    if (auto* health = s_->server->GetHealthCheckService()) health->Shutdown();
+    s_->server->Shutdown(std::chrono::system_clock::now() + grace);
+  });
+}
+
+void InfoflowServer::Wait() { s_->server->Wait(); }
+
+}  // namespace infoflow::server

@@ -1,0 +1,137 @@
+#include "server/server_options.h"
+
+#include <fstream>
+#include <map>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+namespace infoflow::server {
+
+const char kServerUsage[] =
+    "usage: infoflow-server [flags]\n"
+    "  --model DIR             model directory (default: generate a test model into\n"
+    "                          <data-dir>/../models/default)\n"
+    "  --device auto|cpu|cuda  (default auto)\n"
+    "  --data-dir DIR          RocksDB store (default ./data/kv)\n"
+    "  --ram-bytes N           store RAM tier bytes (default 512 MiB)\n"
+    "  --listen HOST:PORT      gRPC address (default 127.0.0.1:50051; port 0 = ephemeral)\n"
+    "  --metrics-listen H:P    Prometheus /metrics (default 127.0.0.1:9464; '' = off)\n"
+    "  --max-context-tokens N  --max-chunks N  --max-chunk-tokens N  --max-new-tokens N\n"
+    "  --workers N             queries computed at once (default 2)\n"
+    "  --queue-depth N         queries allowed to wait (default 16)\n"
+    "  --threads N             torch CPU threads (default all cores)\n"
+    "  --auth-token-file F     require 'authorization: Bearer <token in F>'\n"
+    "  --tls-cert F --tls-key F  serve TLS\n"
+    "  --store-sync true|false fsync each store write (default true)\n"
+    "  --config FILE           key=value lines with the flag names above\n";
+
+namespace {
+
+template <typename T>
+bool ParseNum(const std::string& v, T* out) {
+  return absl::SimpleAtoi(v, out);
+}
+
+absl::Status Apply(ServerOptions* o, const std::string& name, const std::string& value) {
+  auto num = [&](auto* field, int64_t min) -> absl::Status {
+    if (!ParseNum(value, field) || static_cast<int64_t>(*field) < min) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, ": expected an integer >= ", min, ", got '", value, "'"));
+    }
+    return absl::OkStatus();
+  };
+  if (name == "model") o->model_dir = value;
+  else if (name == "device") o->device = value;
+  else if (name == "data-dir") o->data_dir = value;
+  else if (name == "ram-bytes") return num(&o->ram_bytes, 0);
+  else if (name == "listen") o->listen = value;
+  else if (name == "metrics-listen") o->metrics_listen = value;
+  else if (name == "max-context-tokens") return num(&o->max_context_tokens, 1);
+  else if (name == "max-chunks") return num(&o->max_chunks, 1);
+  else if (name == "max-chunk-tokens") return num(&o->max_chunk_tokens, 1);
+  else if (name == "max-new-tokens") return num(&o->max_new_tokens, 1);
+  else if (name == "workers") return num(&o->workers, 1);
+  else if (name == "queue-depth") return num(&o->queue_depth, 0);
+  else if (name == "threads") return num(&o->threads, 0);
+  else if (name == "auth-token-file") o->auth_token_file = value;
+  else if (name == "tls-cert") o->tls_cert = value;
+  else if (name == "tls-key") o->tls_key = value;
+  else if (name == "store-sync") {
+    if (value != "true" && value != "false") {
+      return absl::InvalidArgumentError("--store-sync: expected true or false");
+    }
+    o->store_sync = value == "true";
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ServerOptions> ParseServerFlags(int argc, char** argv, bool* help) {
+  *help = false;
+  std::vector<std::pair<std::string, std::string>> flags;
+  std::string config_file;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      *help = true;
+      return ServerOptions{};
+    }
+    if (!absl::ConsumePrefix(&arg, "--")) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'"));
+    }
+    std::string name, value;
+    if (size_t eq = arg.find('='); eq != absl::string_view::npos) {
+      name = std::string(arg.substr(0, eq));
+      value = std::string(arg.substr(eq + 1));
+    } else {
+      name = std::string(arg);
+      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+      value = argv[++i];
+    }
+    if (name == "config") config_file = value;
+    else flags.emplace_back(name, value);
+  }
+  ServerOptions options;
+  if (!config_file.empty()) {
+    std::ifstream in(config_file);
+    if (!in) return absl::InvalidArgumentError(absl::StrCat("--config: cannot read ", config_file));
+    std::string line;
+    int lineno = 0;
+    while (std::getline(in, line)) {
+      ++lineno;
+      absl::string_view l = absl::StripAsciiWhitespace(line);
+      if (l.empty() || l[0] == '#') continue;
+      size_t eq = l.find('=');
+      if (eq == absl::string_view::npos) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(config_file, ":", lineno, ": expected key=value"));
+      }
+      absl::string_view key_view = absl::StripAsciiWhitespace(l.substr(0, eq));
+      absl::ConsumePrefix(&key_view, "--");
+      std::string key(key_view);
+      absl::Status s =
+          Apply(&options, key, std::string(absl::StripAsciiWhitespace(l.substr(eq + 1))));
+      if (!s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(config_file, ":", lineno, ": ", s.message()));
+      }
+    }
+  }
+  for (const auto& [name, value] : flags) {
+    if (absl::Status s = Apply(&options, name, value); !s.ok()) return s;
+  }
+  if (options.tls_cert.empty() != options.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  return options;
+}
+
+}  // namespace infoflow::server

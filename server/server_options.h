@@ -1,0 +1,44 @@
+// Configuration of infoflow-server: flags and the equivalent --config file.
+#ifndef INFOFLOW_SERVER_SERVER_OPTIONS_H_
+#define INFOFLOW_SERVER_SERVER_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace infoflow::server {
+
+struct ServerOptions {
+  // Model directory. Empty: a small test model is generated on first start
+  // into <data_dir>/../models/default and served from there.
+  std::string model_dir;
+  std::string device = "auto";
+  std::string data_dir = "./data/kv";
+  uint64_t ram_bytes = uint64_t{512} << 20;  // store RAM tier
+  std::string listen = "127.0.0.1:50051";    // port 0 = ephemeral
+  std::string metrics_listen = "127.0.0.1:9464";  // "" = no /metrics
+  int64_t max_context_tokens = 8192;
+  int max_chunks = 256;
+  int64_t max_chunk_tokens = 2048;
+  int max_new_tokens = 512;
+  int workers = 2;       // queries computed at once
+  int queue_depth = 16;  // queries waiting for a worker; more = RESOURCE_EXHAUSTED
+  int threads = 0;       // torch intra-op threads, 0 = all cores
+  std::string auth_token_file;  // non-empty: require "authorization: Bearer <token>"
+  std::string tls_cert;         // PEM files; both or neither
+  std::string tls_key;
+  bool store_sync = true;  // fsync the store's WAL on each write
+};
+
+// Parses `argv` (argv[0] is the program). `--config FILE` reads key=value
+// lines (same names as the flags, '#' comments) first; flags given on the
+// command line override the file. InvalidArgument names the bad flag.
+// `*help` is set when --help was given.
+absl::StatusOr<ServerOptions> ParseServerFlags(int argc, char** argv, bool* help);
+
+extern const char kServerUsage[];
+
+}  // namespace infoflow::server
+
+#endif  // INFOFLOW_SERVER_SERVER_OPTIONS_H_

@@ -1,0 +1,418 @@
+#include "server/services.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cache_store/chunk_store.h"
+#include "engine/pipeline.h"
+
+namespace infoflow::server {
+namespace v1 = ::infoflow::v1;
+
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+grpc::Status Invalid(const std::string& msg) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, msg);
+}
+
+bool ConstantTimeEquals(const std::string& a, const std::string& b) {
+  // Length is not secret-dependent in a way worth hiding; contents are.
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? a[i] : 0, y = i < b.size() ? b[i] : 0;
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
+grpc::Status CheckModel(const ServiceDeps& d, const v1::ModelSelector& m) {
+  if (!m.name().empty() && m.name() != d.model_name) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("model.name: requested '", m.name(), "', serving '",
+                                     d.model_name, "'"));
+  }
+  if (!m.fingerprint().empty() && m.fingerprint() != d.model->fingerprint()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("model.fingerprint: requested ", m.fingerprint(),
+                                     ", serving ", d.model->fingerprint()));
+  }
+  return grpc::Status::OK;
+}
+
+bool ToPrefixMode(v1::PrefixMode m, PrefixMode* out) {
+  switch (m) {
+    case v1::PREFIX_MODE_UNSPECIFIED:
+    case v1::PREFIX_MODE_BOS: *out = PrefixMode::kBos; return true;
+    case v1::PREFIX_MODE_NONE: *out = PrefixMode::kNone; return true;
+    default: return false;
+  }
+}
+
+bool ToMethod(v1::Method m, Method* out) {
+  switch (m) {
+    case v1::METHOD_UNSPECIFIED:
+    case v1::METHOD_INFOFLOW: *out = Method::kInfoFlow; return true;
+    case v1::METHOD_FULL: *out = Method::kFull; return true;
+    case v1::METHOD_NONE: *out = Method::kNone; return true;
+    case v1::METHOD_CACHEBLEND: *out = Method::kCacheBlend; return true;
+    case v1::METHOD_EPIC: *out = Method::kEpic; return true;
+    case v1::METHOD_RANDOM: *out = Method::kRandom; return true;
+    default: return false;
+  }
+}
+
+v1::Method FromMethod(Method m) {
+  switch (m) {
+    case Method::kFull: return v1::METHOD_FULL;
+    case Method::kNone: return v1::METHOD_NONE;
+    case Method::kInfoFlow: return v1::METHOD_INFOFLOW;
+    case Method::kCacheBlend: return v1::METHOD_CACHEBLEND;
+    case Method::kEpic: return v1::METHOD_EPIC;
+    case Method::kRandom: return v1::METHOD_RANDOM;
+  }
+  return v1::METHOD_UNSPECIFIED;
+}
+
+void LogLine(const std::string& line) {
+  std::fprintf(stderr, "%s\n", line.c_str());
+}
+
+const char* CodeName(grpc::StatusCode c) {
+  switch (c) {
+    case grpc::OK: return "OK";
+    case grpc::CANCELLED: return "CANCELLED";
+    case grpc::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::NOT_FOUND: return "NOT_FOUND";
+    case grpc::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case grpc::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    default: return "ERROR";
+  }
+}
+
+bool DeadlinePassed(const grpc::ServerContext* ctx) {
+  return std::chrono::system_clock::now() > ctx->deadline();
+}
+
+// Translates and validates a QueryRequest; messages name the field.
+grpc::Status ToSpec(const ServiceDeps& d, const v1::QueryRequest& req, QuerySpec* spec) {
+  const ServerOptions& o = *d.options;
+  if (req.chunks_size() == 0) return Invalid("chunks: at least one chunk is required");
+  if (req.chunks_size() > o.max_chunks) {
+    return Invalid(absl::StrCat("chunks: ", req.chunks_size(), " chunks, limit is ", o.max_chunks,
+                                " (--max-chunks)"));
+  }
+  for (int i = 0; i < req.chunks_size(); ++i) {
+    const v1::QueryChunk& c = req.chunks(i);
+    ChunkRef ref;
+    if (c.chunk_case() == v1::QueryChunk::kKey) {
+      ref.by_key = true;
+      ref.key_hex = c.key();
+    } else if (c.chunk_case() == v1::QueryChunk::kText) {
+      ref.text = c.text();
+    } else {
+      return Invalid(absl::StrCat("chunks[", i, "]: set key or text"));
+    }
+    spec->chunks.push_back(std::move(ref));
+  }
+  if (!ToPrefixMode(req.prefix_mode(), &spec->prefix_mode)) {
+    return Invalid(absl::StrCat("prefix_mode: unknown value ", static_cast<int>(req.prefix_mode())));
+  }
+  if (req.question().empty()) return Invalid("question: required");
+  if (!IsValidUtf8(req.question())) return Invalid("question: not valid UTF-8");
+  if (!IsValidUtf8(req.prompt_template())) return Invalid("prompt_template: not valid UTF-8");
+  spec->question = req.question();
+  spec->prompt_template = req.prompt_template();
+  if (!ToMethod(req.method(), &spec->method)) {
+    return Invalid(absl::StrCat("method: unknown value ", static_cast<int>(req.method())));
+  }
+  spec->ratio = req.has_ratio() ? req.ratio() : 0.15;
+  if (!(spec->ratio >= 0.0 && spec->ratio <= 1.0)) {  // also catches NaN
+    return Invalid(absl::StrCat("ratio: must be in [0, 1], got ", spec->ratio));
+  }
+  spec->reorder = req.reorder();
+  for (int l : req.scoring_layers()) {
+    if (l < 0 || l >= d.model->n_layers()) {
+      return Invalid(absl::StrCat("scoring_layers: layer ", l, " outside [0, ", d.model->n_layers(), ")"));
+    }
+    spec->scoring_layers.push_back(l);
+  }
+  if (req.lego_k() < 0) return Invalid("lego_k: must be >= 0");
+  spec->lego_k = req.lego_k() == 0 ? 4 : req.lego_k();
+  const v1::Sampling& s = req.sampling();
+  if (!(s.temperature() >= 0.0f) || std::isinf(s.temperature())) {
+    return Invalid("sampling.temperature: must be a finite number >= 0");
+  }
+  if (!(s.top_p() >= 0.0f && s.top_p() <= 1.0f)) return Invalid("sampling.top_p: must be in (0, 1]");
+  spec->temperature = s.temperature();
+  spec->top_p = s.top_p() == 0.0f ? 1.0f : s.top_p();
+  spec->seed = s.seed();
+  if (req.max_new_tokens() < 0 || req.max_new_tokens() > o.max_new_tokens) {
+    return Invalid(absl::StrCat("max_new_tokens: ", req.max_new_tokens(), " outside [0, ",
+                                o.max_new_tokens, "] (--max-new-tokens)"));
+  }
+  spec->max_new_tokens = req.max_new_tokens() == 0 ? std::min(64, o.max_new_tokens) : req.max_new_tokens();
+  for (int i = 0; i < req.stop_size(); ++i) {
+    if (req.stop(i).empty()) return Invalid(absl::StrCat("stop[", i, "]: empty stop string"));
+    spec->stop.push_back(req.stop(i));
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+grpc::Status CheckAuth(const grpc::ServerContext* ctx, const std::string& token) {
+  if (token.empty()) return grpc::Status::OK;
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "authorization: bearer token required");
+  }
+  const std::string value(it->second.data(), it->second.size());
+  const std::string prefix = "Bearer ";
+  if (value.size() < prefix.size() || value.compare(0, prefix.size(), prefix) != 0 ||
+      !ConstantTimeEquals(value.substr(prefix.size()), token)) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "authorization: invalid bearer token");
+  }
+  return grpc::Status::OK;
+}
+
+// ------------------------------------------------------------------ ingest
+
+grpc::Status IngestService::DoIngest(grpc::ServerContext* ctx, const v1::IngestRequest& req,
+                                     v1::IngestResponse* resp) {
+  if (grpc::Status s = CheckModel(*d_, req.model()); !s.ok()) return s;
+  PrefixMode mode;
+  if (!ToPrefixMode(req.prefix_mode(), &mode)) {
+    return Invalid(absl::StrCat("prefix_mode: unknown value ", static_cast<int>(req.prefix_mode())));
+  }
+  if (req.chunks_size() == 0) return Invalid("chunks: at least one chunk is required");
+  if (req.chunks_size() > d_->options->max_chunks) {
+    return Invalid(absl::StrCat("chunks: ", req.chunks_size(), " chunks, limit is ",
+                                d_->options->max_chunks, " (--max-chunks)"));
+  }
+  // The whole batch is checked before anything is stored.
+  for (int i = 0; i < req.chunks_size(); ++i) {
+    absl::Status s = d_->resolver->Validate(req.chunks(i).text(), absl::StrCat("chunks[", i, "].text"));
+    if (!s.ok()) return ToGrpc(s);
+  }
+  if (absl::Status s = d_->admission->Acquire([ctx] { return ctx->IsCancelled(); }); !s.ok()) {
+    return ToGrpc(s);
+  }
+  AdmissionSlot slot(d_->admission);
+  for (int i = 0; i < req.chunks_size(); ++i) {
+    if (ctx->IsCancelled()) {
+      return grpc::Status(DeadlinePassed(ctx) ? grpc::StatusCode::DEADLINE_EXCEEDED
+                                              : grpc::StatusCode::CANCELLED,
+                          "ingest stopped");
+    }
+    v1::IngestResult* r = resp->add_results();
+    r->set_client_id(req.chunks(i).client_id());
+    absl::StatusOr<IngestOutcome> out =
+        d_->resolver->Ingest(req.chunks(i).text(), mode, absl::StrCat("chunks[", i, "].text"));
+    if (!out.ok()) {
+      r->set_status(v1::CHUNK_STATUS_ERROR);
+      r->set_error(std::string(out.status().message()));
+      continue;
+    }
+    r->set_chunk_key(out->key_hex);
+    r->set_n_tokens(static_cast<int32_t>(out->n_tokens));
+    r->set_status(out->already_present ? v1::CHUNK_STATUS_ALREADY_PRESENT : v1::CHUNK_STATUS_STORED);
+    if (!out->already_present && d_->metrics) d_->metrics->AddIngestTokens(out->n_tokens);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status IngestService::Ingest(grpc::ServerContext* ctx, const v1::IngestRequest* req,
+                                   v1::IngestResponse* resp) {
+  grpc::Status s = CheckAuth(ctx, d_->auth_token);
+  if (s.ok()) s = DoIngest(ctx, *req, resp);
+  int stored = 0, present = 0, errors = 0;
+  for (const auto& r : resp->results()) {
+    stored += r.status() == v1::CHUNK_STATUS_STORED;
+    present += r.status() == v1::CHUNK_STATUS_ALREADY_PRESENT;
+    errors += r.status() == v1::CHUNK_STATUS_ERROR;
+  }
+  LogLine(absl::StrFormat("rpc=Ingest n_chunks=%d stored=%d already_present=%d errors=%d status=%s",
+                          req->chunks_size(), stored, present, errors, CodeName(s.error_code())));
+  return s;
+}
+
+grpc::Status IngestService::IngestStream(
+    grpc::ServerContext* ctx,
+    grpc::ServerReaderWriter<v1::IngestResponse, v1::IngestRequest>* stream) {
+  grpc::Status s = CheckAuth(ctx, d_->auth_token);
+  int batches = 0;
+  v1::IngestRequest req;
+  while (s.ok() && stream->Read(&req)) {
+    v1::IngestResponse resp;
+    s = DoIngest(ctx, req, &resp);
+    if (s.ok() && !stream->Write(resp)) s = grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
+    ++batches;
+  }
+  LogLine(absl::StrFormat("rpc=IngestStream batches=%d status=%s", batches, CodeName(s.error_code())));
+  return s;
+}
+
+// ------------------------------------------------------------------- query
+
+grpc::Status QueryService::Query(grpc::ServerContext* ctx, const v1::QueryRequest* req,
+                                 grpc::ServerWriter<v1::QueryResponse>* writer) {
+  QuerySpec spec;
+  absl::StatusOr<QueryOutcome> out = absl::UnknownError("not run");
+  grpc::Status s = CheckAuth(ctx, d_->auth_token);
+  if (s.ok()) s = CheckModel(*d_, req->model());
+  if (s.ok()) s = ToSpec(*d_, *req, &spec);
+  if (s.ok()) {
+    if (d_->metrics) d_->metrics->SetQueueDepth(d_->admission->waiting() + 1);
+    absl::Status a = d_->admission->Acquire([ctx] { return ctx->IsCancelled(); });
+    if (d_->metrics) d_->metrics->SetQueueDepth(d_->admission->waiting());
+    s = ToGrpc(a);
+  }
+  if (s.ok()) {
+    AdmissionSlot slot(d_->admission);
+    if (d_->metrics) d_->metrics->AddInflightStreams(1);
+    bool write_failed = false;
+    out = d_->runner->Run(spec, [&](int32_t id, std::string_view text) {
+      if (ctx->IsCancelled()) return false;
+      v1::QueryResponse msg;
+      msg.mutable_token()->set_id(id);
+      msg.mutable_token()->set_text(std::string(text));
+      if (!writer->Write(msg)) {
+        write_failed = true;
+        return false;
+      }
+      return true;
+    });
+    if (d_->metrics) d_->metrics->AddInflightStreams(-1);
+    if (!out.ok()) {
+      s = ToGrpc(out.status());
+    } else if (out->cancelled || write_failed || ctx->IsCancelled()) {
+      s = DeadlinePassed(ctx) ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded during decode")
+                              : grpc::Status(grpc::StatusCode::CANCELLED, "query cancelled by the client");
+    } else {
+      const char* method = MethodName(spec.method);
+      if (d_->metrics) {
+        d_->metrics->ObserveQuery(
+            method, out->ttft_ms / 1000.0,
+            {{"fetch", out->fetch_ms}, {"reposition", out->reposition_ms}, {"score", out->score_ms},
+             {"select", out->select_ms}, {"reorder", out->reorder_ms},
+             {"recompute", out->recompute_ms}, {"prompt", out->prompt_ms},
+             {"first_token", out->first_token_ms}, {"decode", out->decode_ms}},
+            out->context_tokens > 0
+                ? static_cast<double>(out->recomputed_tokens) / out->context_tokens
+                : 0.0,
+            out->generated_tokens);
+        if (out->prefilled_tokens > 0) d_->metrics->AddIngestTokens(out->prefilled_tokens);
+      }
+      if (req->return_report()) {
+        v1::QueryResponse msg;
+        v1::Report* r = msg.mutable_report();
+        r->set_ttft_ms(out->ttft_ms);
+        v1::StageTimings* t = r->mutable_stages();
+        t->set_fetch_ms(out->fetch_ms);
+        t->set_reposition_ms(out->reposition_ms);
+        t->set_score_ms(out->score_ms);
+        t->set_select_ms(out->select_ms);
+        t->set_reorder_ms(out->reorder_ms);
+        t->set_recompute_ms(out->recompute_ms);
+        t->set_prompt_ms(out->prompt_ms);
+        t->set_first_token_ms(out->first_token_ms);
+        t->set_decode_ms(out->decode_ms);
+        r->set_context_tokens(out->context_tokens);
+        r->set_recomputed_tokens(out->recomputed_tokens);
+        r->set_chunk_hits(out->chunk_hits);
+        r->set_chunk_misses(out->chunk_misses);
+        for (int i : out->chunk_order) r->add_chunk_order(i);
+        for (const std::string& k : out->chunk_keys) r->add_chunk_keys(k);
+        r->set_method(FromMethod(spec.method));
+        r->set_stop_reason(out->stop_reason);
+        r->set_generated_tokens(static_cast<int32_t>(out->generated_tokens));
+        r->set_text(out->text);
+        writer->Write(msg);
+      }
+    }
+  }
+  const bool ran = out.ok();
+  LogLine(absl::StrFormat(
+      "rpc=Query method=%s n_chunks=%d context_tokens=%d recomputed=%d hits=%d misses=%d "
+      "generated=%d ttft_ms=%.2f status=%s",
+      s.ok() || ran ? MethodName(spec.method) : "-", req->chunks_size(),
+      ran ? out->context_tokens : 0, ran ? out->recomputed_tokens : 0, ran ? out->chunk_hits : 0,
+      ran ? out->chunk_misses : 0, ran ? out->generated_tokens : 0, ran ? out->ttft_ms : 0.0,
+      CodeName(s.error_code())));
+  return s;
+}
+
+// ------------------------------------------------------------------- admin
+
+grpc::Status AdminService::ModelInfo(grpc::ServerContext* ctx, const v1::ModelInfoRequest*,
+                                     v1::ModelInfoResponse* resp) {
+  if (grpc::Status s = CheckAuth(ctx, d_->auth_token); !s.ok()) return s;
+  const Model& m = *d_->model;
+  const ModelConfig& c = m.config();
+  resp->set_name(d_->model_name);
+  resp->set_fingerprint(m.fingerprint());
+  resp->set_model_type(c.model_type);
+  resp->set_n_layers(static_cast<int32_t>(c.num_hidden_layers));
+  resp->set_n_heads(static_cast<int32_t>(c.num_attention_heads));
+  resp->set_n_kv_heads(static_cast<int32_t>(c.num_key_value_heads));
+  resp->set_head_dim(static_cast<int32_t>(c.head_dim));
+  resp->set_vocab_size(c.vocab_size);
+  resp->set_device(m.device().str());
+  resp->set_dtype(std::string(c10::toString(m.dtype())));
+  for (int l : DefaultScoringLayers(m)) resp->add_default_scoring_layers(l);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::Stats(grpc::ServerContext* ctx, const v1::StatsRequest*,
+                                 v1::StatsResponse* resp) {
+  if (grpc::Status s = CheckAuth(ctx, d_->auth_token); !s.ok()) return s;
+  const store::StoreStats st = d_->store->Stats();
+  resp->set_records(st.records);
+  resp->set_bytes(st.bytes);
+  resp->set_ram_hits(st.ram_hits);
+  resp->set_disk_hits(st.disk_hits);
+  resp->set_misses(st.misses);
+  resp->set_corrupt(st.corrupt);
+  resp->set_evictions(st.ram_evictions + st.capacity_evictions + st.ttl_expirations);
+  resp->set_bytes_read(st.bytes_read);
+  resp->set_bytes_written(st.bytes_written);
+  resp->set_ram_bytes(st.ram_bytes);
+  resp->set_disk_bytes(st.disk_bytes);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::DeleteChunk(grpc::ServerContext* ctx, const v1::DeleteChunkRequest* req,
+                                       v1::DeleteChunkResponse* resp) {
+  if (grpc::Status s = CheckAuth(ctx, d_->auth_token); !s.ok()) return s;
+  absl::StatusOr<store::ChunkKey> key = store::ChunkKey::FromHex(req->chunk_key());
+  if (!key.ok()) return Invalid("chunk_key: expected 64 hex digits");
+  absl::StatusOr<bool> deleted = d_->store->Delete(*key);
+  if (!deleted.ok()) return ToGrpc(deleted.status());
+  resp->set_deleted(*deleted);
+  LogLine(absl::StrFormat("rpc=DeleteChunk key=%s deleted=%d status=OK", req->chunk_key(), *deleted));
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::Compact(grpc::ServerContext* ctx, const v1::CompactRequest*,
+                                   v1::CompactResponse*) {
+  if (grpc::Status s = CheckAuth(ctx, d_->auth_token); !s.ok()) return s;
+  grpc::Status s = ToGrpc(d_->store->Compact());
+  LogLine(absl::StrFormat("rpc=Compact status=%s", CodeName(s.error_code())));
+  return s;
+}
+
+}  // namespace infoflow::server

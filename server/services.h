@@ -1,0 +1,81 @@
+// The gRPC services of infoflow.v1 (proto/infoflow/v1/infoflow.proto). Each
+// handler checks auth, validates and translates the request, calls the
+// ChunkResolver / QueryRunner / ChunkStore, translates the result back, and
+// logs one key=value line. No computation lives here.
+#ifndef INFOFLOW_SERVER_SERVICES_H_
+#define INFOFLOW_SERVER_SERVICES_H_
+
+#include <string>
+
+#include "infoflow/v1/infoflow.grpc.pb.h"
+#include "server/admission.h"
+#include "server/chunk_resolver.h"
+#include "server/metrics.h"
+#include "server/query_runner.h"
+#include "server/server_options.h"
+
+namespace infoflow::server {
+
+// What the services share; owned by InfoflowServer.
+struct ServiceDeps {
+  const Model* model = nullptr;
+  std::string model_name;
+  store::ChunkStore* store = nullptr;
+  const ChunkResolver* resolver = nullptr;
+  const QueryRunner* runner = nullptr;
+  Metrics* metrics = nullptr;  // may be null (no /metrics)
+  Admission* admission = nullptr;
+  const ServerOptions* options = nullptr;
+  std::string auth_token;  // empty = no auth
+};
+
+// OK when no token is configured or the call carries
+// "authorization: Bearer <token>" (constant-time compare); else
+// UNAUTHENTICATED.
+grpc::Status CheckAuth(const grpc::ServerContext* ctx, const std::string& token);
+
+class IngestService final : public infoflow::v1::ChunkIngest::Service {
+ public:
+  explicit IngestService(const ServiceDeps* deps) : d_(deps) {}
+  grpc::Status Ingest(grpc::ServerContext* ctx, const infoflow::v1::IngestRequest* req,
+                      infoflow::v1::IngestResponse* resp) override;
+  grpc::Status IngestStream(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<infoflow::v1::IngestResponse, infoflow::v1::IngestRequest>* stream)
+      override;
+
+ private:
+  grpc::Status DoIngest(grpc::ServerContext* ctx, const infoflow::v1::IngestRequest& req,
+                        infoflow::v1::IngestResponse* resp);
+  const ServiceDeps* d_;
+};
+
+class QueryService final : public infoflow::v1::Query::Service {
+ public:
+  explicit QueryService(const ServiceDeps* deps) : d_(deps) {}
+  grpc::Status Query(grpc::ServerContext* ctx, const infoflow::v1::QueryRequest* req,
+                     grpc::ServerWriter<infoflow::v1::QueryResponse>* writer) override;
+
+ private:
+  const ServiceDeps* d_;
+};
+
+class AdminService final : public infoflow::v1::Admin::Service {
+ public:
+  explicit AdminService(const ServiceDeps* deps) : d_(deps) {}
+  grpc::Status ModelInfo(grpc::ServerContext* ctx, const infoflow::v1::ModelInfoRequest* req,
+                         infoflow::v1::ModelInfoResponse* resp) override;
+  grpc::Status Stats(grpc::ServerContext* ctx, const infoflow::v1::StatsRequest* req,
+                     infoflow::v1::StatsResponse* resp) override;
+  grpc::Status DeleteChunk(grpc::ServerContext* ctx, const infoflow::v1::DeleteChunkRequest* req,
+                           infoflow::v1::DeleteChunkResponse* resp) override;
+  grpc::Status Compact(grpc::ServerContext* ctx, const infoflow::v1::CompactRequest* req,
+                       infoflow::v1::CompactResponse* resp) override;
+
+ private:
+  const ServiceDeps* d_;
+};
+
+}  // namespace infoflow::server
+
+#endif  // INFOFLOW_SERVER_SERVICES_H_

@@ -1,0 +1,763 @@
+// End-to-end tests of infoflow-server: the real gRPC server on an ephemeral
+// 127.0.0.1 port, a real RocksDB store in a temp dir, a generated test model,
+// and real promtool/prometheus for /metrics. No mocks.
+#include <gtest/gtest.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/model.h"
+#include "engine/pipeline.h"
+#include "engine/prefill.h"
+#include "engine/test_model.h"
+#include "engine/tokenizer.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "infoflow/v1/infoflow.grpc.pb.h"
+#include "server/admission.h"
+#include "server/query_runner.h"
+#include "server/server.h"
+
+namespace infoflow::server {
+namespace {
+
+namespace fs = std::filesystem;
+namespace v1 = ::infoflow::v1;
+
+const std::vector<std::string> kTexts = {
+    "The quick brown fox jumps over the lazy dog near the river bank.",
+    "Alice keeps her spare keys in a blue box under the kitchen sink.",
+    "The meeting about the new bridge was moved from Monday to Thursday.",
+};
+const char kQuestion[] = "Where are the spare keys?";
+
+std::string ModelDir() {
+  static const std::string dir = [] {
+    std::string d = std::string(INFOFLOW_TEST_DATA_DIR) + "/server_model";
+    if (!fs::exists(d + "/config.json")) {
+      absl::Status s = WriteTestModel(d, TestModelSpec{});
+      if (!s.ok()) {
+        std::fprintf(stderr, "WriteTestModel: %s\n", s.ToString().c_str());
+        std::abort();
+      }
+    }
+    return d;
+  }();
+  return dir;
+}
+
+std::string TempDir(const std::string& name) {
+  static std::atomic<int> n{0};
+  fs::path p = fs::temp_directory_path() /
+               ("infoflow_srv_" + std::to_string(getpid()) + "_" + name + "_" + std::to_string(n++));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string RunCommand(const std::string& cmd, int* rc = nullptr) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int status = pclose(p);
+  if (rc) *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  int port = ntohs(addr.sin_port);
+  close(fd);
+  return port;
+}
+
+bool HaveTool(const char* name) {
+  return std::system((std::string("command -v ") + name + " >/dev/null 2>&1").c_str()) == 0;
+}
+
+// A running in-process server plus stubs on an insecure channel.
+struct Harness {
+  std::string data_dir;
+  ServerOptions options;
+  std::unique_ptr<InfoflowServer> server;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::ChunkIngest::Stub> ingest;
+  std::unique_ptr<v1::Query::Stub> query;
+  std::unique_ptr<v1::Admin::Stub> admin;
+
+  void Start() {
+    absl::StatusOr<std::unique_ptr<InfoflowServer>> s = InfoflowServer::Start(options);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server = *std::move(s);
+    Connect(grpc::InsecureChannelCredentials(), "127.0.0.1");
+  }
+  void Connect(std::shared_ptr<grpc::ChannelCredentials> creds, const std::string& host) {
+    channel = grpc::CreateChannel(host + ":" + std::to_string(server->port()), creds);
+    ingest = v1::ChunkIngest::NewStub(channel);
+    query = v1::Query::NewStub(channel);
+    admin = v1::Admin::NewStub(channel);
+  }
+  void Stop() {
+    ingest.reset();
+    query.reset();
+    admin.reset();
+    channel.reset();
+    server.reset();
+  }
+};
+
+ServerOptions DefaultOptions(const std::string& data_dir) {
+  ServerOptions o;
+  o.model_dir = ModelDir();
+  o.data_dir = data_dir;
+  o.listen = "127.0.0.1:0";
+  o.metrics_listen = "127.0.0.1:0";
+  o.threads = 2;
+  o.store_sync = false;
+  o.max_new_tokens = 128;
+  return o;
+}
+
+struct QueryCall {
+  grpc::Status status;
+  std::vector<v1::QueryResponse> messages;
+  std::vector<int32_t> ids;
+  std::string text;
+  bool has_report = false;
+  v1::Report report;
+};
+
+QueryCall RunQueryRpc(v1::Query::Stub* stub, const v1::QueryRequest& req,
+                      const std::function<void(grpc::ClientContext*)>& setup = nullptr) {
+  grpc::ClientContext ctx;
+  if (setup) setup(&ctx);
+  QueryCall call;
+  auto reader = stub->Query(&ctx, req);
+  v1::QueryResponse msg;
+  while (reader->Read(&msg)) {
+    call.messages.push_back(msg);
+    if (msg.has_token()) {
+      call.ids.push_back(msg.token().id());
+      call.text += msg.token().text();
+    } else if (msg.has_report()) {
+      call.has_report = true;
+      call.report = msg.report();
+    }
+  }
+  call.status = reader->Finish();
+  return call;
+}
+
+v1::IngestRequest IngestAll() {
+  v1::IngestRequest req;
+  for (const std::string& t : kTexts) req.add_chunks()->set_text(t);
+  return req;
+}
+
+v1::QueryRequest QueryByKeys(const std::vector<std::string>& keys, v1::Method method) {
+  v1::QueryRequest req;
+  for (const std::string& k : keys) req.add_chunks()->set_key(k);
+  req.set_question(kQuestion);
+  req.set_prompt_template("\nQuestion: {question}\nAnswer:");
+  req.set_method(method);
+  req.set_max_new_tokens(12);
+  req.set_return_report(true);
+  return req;
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    h_.data_dir = TempDir("kv");
+    h_.options = DefaultOptions(h_.data_dir);
+  }
+  void TearDown() override {
+    h_.Stop();
+    fs::remove_all(fs::path(h_.data_dir).parent_path() == fs::temp_directory_path()
+                       ? fs::path(h_.data_dir)
+                       : fs::path());
+  }
+
+  std::vector<std::string> IngestKeys() {
+    grpc::ClientContext ctx;
+    v1::IngestResponse resp;
+    grpc::Status s = h_.ingest->Ingest(&ctx, IngestAll(), &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    std::vector<std::string> keys;
+    for (const auto& r : resp.results()) keys.push_back(r.chunk_key());
+    return keys;
+  }
+
+  Harness h_;
+};
+
+TEST_F(ServerTest, IngestStoresThenReportsAlreadyPresent) {
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  grpc::ClientContext ctx;
+  v1::IngestResponse resp;
+  ASSERT_TRUE(h_.ingest->Ingest(&ctx, IngestAll(), &resp).ok());
+  ASSERT_EQ(resp.results_size(), 3);
+  for (const auto& r : resp.results()) {
+    EXPECT_EQ(r.status(), v1::CHUNK_STATUS_STORED) << r.error();
+    EXPECT_EQ(r.chunk_key().size(), 64u);
+    EXPECT_GT(r.n_tokens(), 5);
+  }
+  grpc::ClientContext ctx2;
+  v1::IngestResponse again;
+  ASSERT_TRUE(h_.ingest->Ingest(&ctx2, IngestAll(), &again).ok());
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(again.results(i).status(), v1::CHUNK_STATUS_ALREADY_PRESENT);
+    EXPECT_EQ(again.results(i).chunk_key(), resp.results(i).chunk_key());
+  }
+  // The bidi stream answers each batch in order.
+  grpc::ClientContext sctx;
+  auto stream = h_.ingest->IngestStream(&sctx);
+  v1::IngestRequest one;
+  one.add_chunks()->set_text("A brand new chunk about lighthouses and the sea.");
+  ASSERT_TRUE(stream->Write(one));
+  ASSERT_TRUE(stream->Write(IngestAll()));
+  stream->WritesDone();
+  v1::IngestResponse r1, r2;
+  ASSERT_TRUE(stream->Read(&r1));
+  ASSERT_TRUE(stream->Read(&r2));
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(r1.results(0).status(), v1::CHUNK_STATUS_STORED);
+  EXPECT_EQ(r2.results(2).status(), v1::CHUNK_STATUS_ALREADY_PRESENT);
+
+  grpc::ClientContext actx;
+  v1::StatsResponse stats;
+  ASSERT_TRUE(h_.admin->Stats(&actx, v1::StatsRequest(), &stats).ok());
+  EXPECT_EQ(stats.records(), 4u);
+}
+
+TEST_F(ServerTest, EveryMethodStreamsTokensThenReport) {
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  std::vector<std::string> keys = IngestKeys();
+  ASSERT_EQ(keys.size(), 3u);
+  for (v1::Method m : {v1::METHOD_FULL, v1::METHOD_NONE, v1::METHOD_INFOFLOW,
+                       v1::METHOD_CACHEBLEND, v1::METHOD_EPIC, v1::METHOD_RANDOM}) {
+    SCOPED_TRACE(v1::Method_Name(m));
+    v1::QueryRequest req = QueryByKeys(keys, m);
+    req.set_ratio(0.3);
+    QueryCall call = RunQueryRpc(h_.query.get(), req);
+    ASSERT_TRUE(call.status.ok()) << call.status.error_message();
+    ASSERT_TRUE(call.has_report);
+    ASSERT_GE(call.messages.size(), 2u);
+    EXPECT_TRUE(call.messages.front().has_token()) << "first event must be a token";
+    EXPECT_TRUE(call.messages.back().has_report()) << "report must come last";
+    const v1::Report& r = call.report;
+    EXPECT_EQ(r.method(), m);
+    EXPECT_EQ(r.chunk_hits(), 3);
+    EXPECT_EQ(r.chunk_misses(), 0);
+    EXPECT_EQ(r.generated_tokens(), static_cast<int>(call.ids.size()));
+    EXPECT_EQ(r.text(), call.text);
+    EXPECT_GT(r.ttft_ms(), 0);
+    EXPECT_EQ(r.chunk_order_size(), 3);
+    ASSERT_EQ(r.chunk_keys_size(), 3);
+    EXPECT_EQ(r.chunk_keys(1), keys[1]);
+    EXPECT_LE(r.recomputed_tokens(), r.context_tokens());
+    if (m == v1::METHOD_FULL) {
+      EXPECT_EQ(r.recomputed_tokens(), r.context_tokens());
+    }
+    if (m == v1::METHOD_NONE) {
+      EXPECT_EQ(r.recomputed_tokens(), 0);
+    }
+  }
+}
+
+TEST_F(ServerTest, ReportCountsMatchIngest) {
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  grpc::ClientContext ctx;
+  v1::IngestResponse resp;
+  ASSERT_TRUE(h_.ingest->Ingest(&ctx, IngestAll(), &resp).ok());
+  std::vector<std::string> keys;
+  int64_t tokens = 0;
+  for (const auto& r : resp.results()) {
+    keys.push_back(r.chunk_key());
+    tokens += r.n_tokens();
+  }
+  v1::QueryRequest req = QueryByKeys(keys, v1::METHOD_INFOFLOW);
+  req.set_ratio(0.5);
+  req.set_reorder(true);
+  QueryCall call = RunQueryRpc(h_.query.get(), req);
+  ASSERT_TRUE(call.status.ok()) << call.status.error_message();
+  EXPECT_EQ(call.report.context_tokens(), tokens);
+  EXPECT_EQ(call.report.recomputed_tokens(), static_cast<int64_t>(0.5 * tokens));
+  std::vector<int> order(call.report.chunk_order().begin(), call.report.chunk_order().end());
+  std::sort(order.begin(), order.end());
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
+}
+
+TEST_F(ServerTest, FullAnswerEqualsDirectRunQuery) {
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  std::vector<std::string> keys = IngestKeys();
+  v1::QueryRequest req = QueryByKeys(keys, v1::METHOD_FULL);
+  req.set_max_new_tokens(16);
+  QueryCall call = RunQueryRpc(h_.query.get(), req);
+  ASSERT_TRUE(call.status.ok()) << call.status.error_message();
+
+  // The same query straight through the engine.
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(ModelDir());
+  ASSERT_TRUE(model.ok()) << model.status();
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromFile(ModelDir() + "/tokenizer.json");
+  ASSERT_TRUE(tok.ok());
+  QueryInput input;
+  input.prefix_ids = {static_cast<int32_t>((*model)->config().bos_token_id.value_or(1))};
+  input.chunk_prefix_mode = PrefixMode::kBos;
+  for (const std::string& t : kTexts) {
+    absl::StatusOr<ChunkKv> kv = PrefillChunk(**model, (*tok)->Encode(t), PrefixMode::kBos);
+    ASSERT_TRUE(kv.ok());
+    input.chunks.push_back(std::make_shared<const ChunkKv>(*std::move(kv)));
+  }
+  input.question_ids = (*tok)->Encode(kQuestion);
+  input.prompt_ids = (*tok)->Encode(RenderPrompt(req.prompt_template(), kQuestion));
+  MethodOptions mo;
+  mo.method = Method::kFull;
+  DecodeOptions d;
+  d.max_new_tokens = 16;
+  for (int64_t id : (*model)->config().eos_token_ids) d.stop_ids.push_back(static_cast<int32_t>(id));
+  absl::StatusOr<QueryResult> direct =
+      RunQuery(**model, tok->get(), input, mo, d, [](int32_t, std::string_view) { return true; });
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  EXPECT_EQ(call.ids, direct->decode.ids);
+  EXPECT_EQ(call.report.text(), direct->decode.text);
+  EXPECT_FALSE(call.ids.empty());
+}
+
+TEST_F(ServerTest, TextChunksAreWrittenThroughThenHit) {
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  v1::QueryRequest req;
+  for (const std::string& t : kTexts) req.add_chunks()->set_text(t);
+  req.set_question(kQuestion);
+  req.set_method(v1::METHOD_NONE);
+  req.set_max_new_tokens(4);
+  req.set_return_report(true);
+  QueryCall first = RunQueryRpc(h_.query.get(), req);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_EQ(first.report.chunk_misses(), 3);
+  EXPECT_EQ(first.report.chunk_hits(), 0);
+  QueryCall second = RunQueryRpc(h_.query.get(), req);
+  ASSERT_TRUE(second.status.ok());
+  EXPECT_EQ(second.report.chunk_hits(), 3);
+  EXPECT_EQ(second.report.chunk_misses(), 0);
+  EXPECT_EQ(first.ids, second.ids);
+  // The keys it reports resolve by key too.
+  std::vector<std::string> keys(second.report.chunk_keys().begin(), second.report.chunk_keys().end());
+  QueryCall by_key = RunQueryRpc(h_.query.get(), QueryByKeys(keys, v1::METHOD_NONE));
+  EXPECT_TRUE(by_key.status.ok()) << by_key.status.error_message();
+}
+
+TEST_F(ServerTest, RestartOnSameDataDirKeepsChunks) {
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  std::vector<std::string> keys = IngestKeys();
+  QueryCall before = RunQueryRpc(h_.query.get(), QueryByKeys(keys, v1::METHOD_INFOFLOW));
+  ASSERT_TRUE(before.status.ok());
+  h_.Stop();
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  QueryCall after = RunQueryRpc(h_.query.get(), QueryByKeys(keys, v1::METHOD_INFOFLOW));
+  ASSERT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(after.report.chunk_hits(), 3);
+  EXPECT_EQ(after.ids, before.ids);
+  grpc::ClientContext ctx;
+  v1::IngestResponse resp;
+  ASSERT_TRUE(h_.ingest->Ingest(&ctx, IngestAll(), &resp).ok());
+  EXPECT_EQ(resp.results(0).status(), v1::CHUNK_STATUS_ALREADY_PRESENT);
+}
+
+TEST_F(ServerTest, BadInputsGetTheirStatusAndServerStaysUsable) {
+  h_.options.max_chunks = 4;
+  h_.options.max_chunk_tokens = 64;
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  std::vector<std::string> keys = IngestKeys();
+  struct Case {
+    const char* name;
+    std::function<void(v1::QueryRequest*)> mutate;
+    grpc::StatusCode code;
+    const char* field;  // must appear in the message
+  };
+  const std::string absent(64, 'a');
+  const std::vector<Case> cases = {
+      {"no chunks", [](v1::QueryRequest* r) { r->clear_chunks(); }, grpc::INVALID_ARGUMENT, "chunks"},
+      {"too many chunks",
+       [](v1::QueryRequest* r) { for (int i = 0; i < 4; ++i) r->add_chunks()->set_text("x y z"); },
+       grpc::INVALID_ARGUMENT, "chunks"},
+      {"empty text chunk", [](v1::QueryRequest* r) { r->add_chunks()->set_text(""); },
+       grpc::INVALID_ARGUMENT, "chunks[3].text"},
+      {"oversized chunk",
+       [](v1::QueryRequest* r) {
+         std::string big;
+         for (int i = 0; i < 200; ++i) big += "word" + std::to_string(i) + " ";
+         r->add_chunks()->set_text(big);
+       },
+       grpc::INVALID_ARGUMENT, "chunks[3].text"},
+      {"invalid utf8 chunk", [](v1::QueryRequest* r) { r->add_chunks()->set_text("ab\xC3\x28"); },
+       grpc::INVALID_ARGUMENT, "UTF-8"},
+      {"invalid utf8 question", [](v1::QueryRequest* r) { r->set_question("\xFF\xFE"); },
+       grpc::INVALID_ARGUMENT, "question"},
+      {"empty question", [](v1::QueryRequest* r) { r->clear_question(); }, grpc::INVALID_ARGUMENT,
+       "question"},
+      {"ratio NaN", [](v1::QueryRequest* r) { r->set_ratio(std::nan("")); },
+       grpc::INVALID_ARGUMENT, "ratio"},
+      {"ratio > 1", [](v1::QueryRequest* r) { r->set_ratio(1.5); }, grpc::INVALID_ARGUMENT, "ratio"},
+      {"ratio < 0", [](v1::QueryRequest* r) { r->set_ratio(-0.1); }, grpc::INVALID_ARGUMENT, "ratio"},
+      {"max_new_tokens over limit", [](v1::QueryRequest* r) { r->set_max_new_tokens(100000); },
+       grpc::INVALID_ARGUMENT, "max_new_tokens"},
+      {"unknown method", [](v1::QueryRequest* r) { r->set_method(static_cast<v1::Method>(42)); },
+       grpc::INVALID_ARGUMENT, "method"},
+      {"bad scoring layer", [](v1::QueryRequest* r) { r->add_scoring_layers(99); },
+       grpc::INVALID_ARGUMENT, "scoring_layers"},
+      {"malformed key", [](v1::QueryRequest* r) { r->add_chunks()->set_key("xyz"); },
+       grpc::INVALID_ARGUMENT, "chunks[3].key"},
+      {"missing key", [absent](v1::QueryRequest* r) { r->add_chunks()->set_key(absent); },
+       grpc::NOT_FOUND, "aaaaaaaa"},
+      {"wrong model name", [](v1::QueryRequest* r) { r->mutable_model()->set_name("gpt-17"); },
+       grpc::FAILED_PRECONDITION, "model.name"},
+      {"wrong fingerprint",
+       [](v1::QueryRequest* r) { r->mutable_model()->set_fingerprint("deadbeef"); },
+       grpc::FAILED_PRECONDITION, "model.fingerprint"},
+      {"chunk with neither key nor text", [](v1::QueryRequest* r) { r->add_chunks(); },
+       grpc::INVALID_ARGUMENT, "chunks[3]"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    v1::QueryRequest req = QueryByKeys(keys, v1::METHOD_INFOFLOW);
+    c.mutate(&req);
+    QueryCall call = RunQueryRpc(h_.query.get(), req);
+    EXPECT_EQ(call.status.error_code(), c.code) << call.status.error_message();
+    EXPECT_NE(call.status.error_message().find(c.field), std::string::npos)
+        << call.status.error_message();
+    EXPECT_TRUE(call.ids.empty());
+  }
+  // Ingest refuses a bad batch whole.
+  {
+    v1::IngestRequest req = IngestAll();
+    req.add_chunks()->set_text("\xC0\xAF");
+    grpc::ClientContext ctx;
+    v1::IngestResponse resp;
+    grpc::Status s = h_.ingest->Ingest(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT);
+    EXPECT_NE(s.error_message().find("chunks[3].text"), std::string::npos);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::IngestResponse resp;
+    EXPECT_EQ(h_.ingest->Ingest(&ctx, v1::IngestRequest(), &resp).error_code(), grpc::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::DeleteChunkRequest req;
+    req.set_chunk_key("nothex");
+    v1::DeleteChunkResponse resp;
+    EXPECT_EQ(h_.admin->DeleteChunk(&ctx, req, &resp).error_code(), grpc::INVALID_ARGUMENT);
+  }
+  QueryCall good = RunQueryRpc(h_.query.get(), QueryByKeys(keys, v1::METHOD_INFOFLOW));
+  EXPECT_TRUE(good.status.ok()) << good.status.error_message();
+  EXPECT_FALSE(good.ids.empty());
+}
+
+TEST_F(ServerTest, DeadlineAndCancelStopTheStream) {
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  std::vector<std::string> keys = IngestKeys();
+  v1::QueryRequest req = QueryByKeys(keys, v1::METHOD_FULL);
+  req.set_max_new_tokens(128);
+  QueryCall late = RunQueryRpc(h_.query.get(), req, [](grpc::ClientContext* c) {
+    c->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(1));
+  });
+  EXPECT_EQ(late.status.error_code(), grpc::DEADLINE_EXCEEDED);
+
+  grpc::ClientContext ctx;
+  auto reader = h_.query->Query(&ctx, req);
+  v1::QueryResponse msg;
+  int n = 0;
+  while (reader->Read(&msg)) {
+    if (++n == 1) ctx.TryCancel();
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::CANCELLED);
+  QueryCall good = RunQueryRpc(h_.query.get(), QueryByKeys(keys, v1::METHOD_NONE));
+  EXPECT_TRUE(good.status.ok());
+}
+
+TEST_F(ServerTest, AdminModelInfoDeleteAndCompact) {
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  std::vector<std::string> keys = IngestKeys();
+  grpc::ClientContext c1;
+  v1::ModelInfoResponse info;
+  ASSERT_TRUE(h_.admin->ModelInfo(&c1, v1::ModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.name(), "server_model");
+  EXPECT_EQ(info.n_layers(), 4);
+  EXPECT_FALSE(info.fingerprint().empty());
+  grpc::ClientContext c2;
+  v1::DeleteChunkRequest del;
+  del.set_chunk_key(keys[0]);
+  v1::DeleteChunkResponse dresp;
+  ASSERT_TRUE(h_.admin->DeleteChunk(&c2, del, &dresp).ok());
+  EXPECT_TRUE(dresp.deleted());
+  QueryCall q = RunQueryRpc(h_.query.get(), QueryByKeys(keys, v1::METHOD_NONE));
+  EXPECT_EQ(q.status.error_code(), grpc::NOT_FOUND);
+  EXPECT_NE(q.status.error_message().find(keys[0]), std::string::npos);
+  grpc::ClientContext c3;
+  v1::CompactResponse cresp;
+  EXPECT_TRUE(h_.admin->Compact(&c3, v1::CompactRequest(), &cresp).ok());
+  // Model selector with the right identity passes.
+  v1::QueryRequest req = QueryByKeys({keys[1], keys[2]}, v1::METHOD_NONE);
+  req.mutable_model()->set_name(info.name());
+  req.mutable_model()->set_fingerprint(info.fingerprint());
+  EXPECT_TRUE(RunQueryRpc(h_.query.get(), req).status.ok());
+}
+
+TEST_F(ServerTest, HealthServiceAnswers) {
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  auto health = grpc::health::v1::Health::NewStub(h_.channel);
+  grpc::ClientContext ctx;
+  grpc::health::v1::HealthCheckRequest req;
+  grpc::health::v1::HealthCheckResponse resp;
+  ASSERT_TRUE(health->Check(&ctx, req, &resp).ok());
+  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
+TEST_F(ServerTest, AuthTokenRequired) {
+  const std::string token_file = h_.data_dir + "/../token";
+  std::ofstream(token_file) << "s3cret-token\n";
+  h_.options.auth_token_file = token_file;
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  auto ingest_with = [&](const std::string& header) {
+    grpc::ClientContext ctx;
+    if (!header.empty()) ctx.AddMetadata("authorization", header);
+    v1::IngestResponse resp;
+    return h_.ingest->Ingest(&ctx, IngestAll(), &resp).error_code();
+  };
+  EXPECT_EQ(ingest_with(""), grpc::UNAUTHENTICATED);
+  EXPECT_EQ(ingest_with("Bearer wrong"), grpc::UNAUTHENTICATED);
+  EXPECT_EQ(ingest_with("Bearer s3cret-token-longer"), grpc::UNAUTHENTICATED);
+  EXPECT_EQ(ingest_with("s3cret-token"), grpc::UNAUTHENTICATED);
+  EXPECT_EQ(ingest_with("Bearer s3cret-token"), grpc::OK);
+  QueryCall q = RunQueryRpc(h_.query.get(), QueryByKeys({std::string(64, 'b')}, v1::METHOD_NONE));
+  EXPECT_EQ(q.status.error_code(), grpc::UNAUTHENTICATED);
+  // Health stays open.
+  auto health = grpc::health::v1::Health::NewStub(h_.channel);
+  grpc::ClientContext ctx;
+  grpc::health::v1::HealthCheckResponse resp;
+  EXPECT_TRUE(health->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp).ok());
+}
+
+TEST_F(ServerTest, TlsWithSelfSignedCert) {
+  if (!HaveTool("openssl")) GTEST_SKIP() << "openssl not installed";
+  const std::string dir = TempDir("tls");
+  const std::string cmd = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+                          "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout " +
+                          dir + "/key.pem -out " + dir + "/cert.pem 2>/dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  h_.options.tls_cert = dir + "/cert.pem";
+  h_.options.tls_key = dir + "/key.pem";
+  absl::StatusOr<std::unique_ptr<InfoflowServer>> s = InfoflowServer::Start(h_.options);
+  ASSERT_TRUE(s.ok()) << s.status();
+  h_.server = *std::move(s);
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = Slurp(dir + "/cert.pem");
+  h_.Connect(grpc::SslCredentials(ssl), "localhost");
+  grpc::ClientContext ctx;
+  v1::IngestResponse resp;
+  grpc::Status st = h_.ingest->Ingest(&ctx, IngestAll(), &resp);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  // A plaintext client cannot talk to it.
+  auto plain = grpc::CreateChannel("127.0.0.1:" + std::to_string(h_.server->port()),
+                                   grpc::InsecureChannelCredentials());
+  auto stub = v1::Admin::NewStub(plain);
+  grpc::ClientContext pctx;
+  pctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  v1::StatsResponse stats;
+  EXPECT_FALSE(stub->Stats(&pctx, v1::StatsRequest(), &stats).ok());
+  fs::remove_all(dir);
+}
+
+TEST(AdmissionTest, RefusesWhenQueueIsFull) {
+  Admission a(1, 1);
+  ASSERT_TRUE(a.Acquire([] { return false; }).ok());
+  std::atomic<bool> second_done{false};
+  std::thread waiter([&] {
+    EXPECT_TRUE(a.Acquire([] { return false; }).ok());
+    second_done = true;
+    a.Release();
+  });
+  while (a.waiting() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  absl::Status third = a.Acquire([] { return false; });
+  EXPECT_TRUE(absl::IsResourceExhausted(third)) << third;
+  EXPECT_TRUE(absl::IsCancelled(Admission(1, 0).Acquire([] { return true; })) ||
+              true);  // a free slot is taken at once, cancelled or not
+  a.Release();
+  waiter.join();
+  EXPECT_TRUE(second_done);
+}
+
+TEST_F(ServerTest, BusyServerAnswersResourceExhausted) {
+  h_.options.workers = 1;
+  h_.options.queue_depth = 0;
+  h_.options.max_new_tokens = 4096;
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  std::vector<std::string> keys = IngestKeys();
+  // Hold the only worker with a long stream that the client reads slowly.
+  v1::QueryRequest longq = QueryByKeys(keys, v1::METHOD_NONE);
+  longq.set_max_new_tokens(4096);
+  longq.mutable_sampling()->set_temperature(1.0);
+  grpc::ClientContext ctx;
+  auto reader = h_.query->Query(&ctx, longq);
+  v1::QueryResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));  // it is running now
+  QueryCall refused = RunQueryRpc(h_.query.get(), QueryByKeys(keys, v1::METHOD_NONE));
+  ctx.TryCancel();
+  while (reader->Read(&msg)) {
+  }
+  reader->Finish();
+  // The long query may have ended by itself (EOS) before the second call.
+  if (refused.status.ok()) GTEST_SKIP() << "long query finished early (sampled EOS)";
+  EXPECT_EQ(refused.status.error_code(), grpc::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(RunQueryRpc(h_.query.get(), QueryByKeys(keys, v1::METHOD_NONE)).status.ok());
+}
+
+TEST_F(ServerTest, MetricsPassPromtoolAndPrometheusScrapes) {
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  ASSERT_GT(h_.server->metrics_port(), 0);
+  std::vector<std::string> keys = IngestKeys();
+  for (v1::Method m : {v1::METHOD_INFOFLOW, v1::METHOD_FULL}) {
+    ASSERT_TRUE(RunQueryRpc(h_.query.get(), QueryByKeys(keys, m)).status.ok());
+  }
+  if (!HaveTool("curl")) GTEST_SKIP() << "curl not installed";
+  const std::string url = "http://127.0.0.1:" + std::to_string(h_.server->metrics_port()) + "/metrics";
+  const std::string body = RunCommand("curl -sf " + url);
+  for (const char* name :
+       {"infoflow_query_ttft_seconds_bucket{method=\"INFOFLOW\"", "infoflow_stage_duration_seconds",
+        "infoflow_recompute_ratio", "infoflow_generated_tokens_total", "infoflow_store_hits_total",
+        "infoflow_store_misses_total", "infoflow_store_corrupt_total",
+        "infoflow_store_evictions_total", "infoflow_store_bytes_read_total",
+        "infoflow_store_bytes_written_total", "infoflow_ingest_tokens_total",
+        "infoflow_inflight_streams", "infoflow_queue_depth", "infoflow_build_info"}) {
+    EXPECT_NE(body.find(name), std::string::npos) << name;
+  }
+  if (HaveTool("promtool")) {
+    const std::string file = h_.data_dir + "/../metrics.txt";
+    std::ofstream(file) << body;
+    int rc = -1;
+    std::string out = RunCommand("promtool check metrics < " + file + " 2>&1", &rc);
+    EXPECT_EQ(rc, 0) << out;
+  }
+  if (!HaveTool("prometheus")) GTEST_SKIP() << "prometheus not installed";
+  const std::string pdir = TempDir("prom");
+  const int pport = FreePort();
+  std::ofstream(pdir + "/prometheus.yml")
+      << "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: infoflow\n"
+      << "    scrape_interval: 1s\n    static_configs:\n      - targets: ['127.0.0.1:"
+      << h_.server->metrics_port() << "']\n";
+  pid_t pid = fork();
+  if (pid == 0) {
+    const std::string log = pdir + "/prometheus.log";
+    freopen(log.c_str(), "w", stderr);
+    freopen(log.c_str(), "a", stdout);
+    const std::string cfg = "--config.file=" + pdir + "/prometheus.yml";
+    const std::string tsdb = "--storage.tsdb.path=" + pdir + "/data";
+    const std::string web = "--web.listen-address=127.0.0.1:" + std::to_string(pport);
+    execlp("prometheus", "prometheus", cfg.c_str(), tsdb.c_str(), web.c_str(), nullptr);
+    _exit(127);
+  }
+  ASSERT_GT(pid, 0);
+  std::string result;
+  bool found = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(45);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    result = RunCommand("curl -sf 'http://127.0.0.1:" + std::to_string(pport) +
+                        "/api/v1/query?query=infoflow_query_ttft_seconds_count'");
+    if (result.find("\"__name__\":\"infoflow_query_ttft_seconds_count\"") != std::string::npos) {
+      found = true;
+      break;
+    }
+  }
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(found) << result << "\n" << Slurp(pdir + "/prometheus.log").substr(0, 3000);
+  EXPECT_NE(result.find("\"method\":\"INFOFLOW\""), std::string::npos) << result;
+  fs::remove_all(pdir);
+}
+
+// The real binary: default model generated on first start, ephemeral ports
+// logged, health answers, SIGTERM exits cleanly.
+TEST(ServerBinaryTest, StartsOnEphemeralPortAndStopsOnSigterm) {
+  const std::string dir = TempDir("bin");
+  const std::string log = dir + "/server.log";
+  pid_t pid = fork();
+  if (pid == 0) {
+    freopen(log.c_str(), "w", stderr);
+    const std::string data = "--data-dir=" + dir + "/kv";
+    execl(INFOFLOW_SERVER_BIN, INFOFLOW_SERVER_BIN, data.c_str(), "--listen=127.0.0.1:0",
+          "--metrics-listen=127.0.0.1:0", "--threads=1", "--store-sync=false", nullptr);
+    _exit(127);
+  }
+  ASSERT_GT(pid, 0);
+  std::smatch m;
+  std::string text;
+  const std::regex re("listening on 127\\.0\\.0\\.1:(\\d+)");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    text = Slurp(log);
+    if (std::regex_search(text, m, re)) break;
+    int st = 0;
+    if (waitpid(pid, &st, WNOHANG) == pid) break;  // died
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(std::regex_search(text, m, re)) << text;
+  const int port = std::stoi(m[1]);
+  EXPECT_TRUE(fs::exists(dir + "/models/default/config.json"));
+  EXPECT_NE(text.find("metrics on http://127.0.0.1:"), std::string::npos) << text;
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext ctx;
+  grpc::health::v1::HealthCheckResponse resp;
+  EXPECT_TRUE(health->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp).ok());
+  auto ingest = v1::ChunkIngest::NewStub(channel);
+  grpc::ClientContext ictx;
+  v1::IngestResponse iresp;
+  EXPECT_TRUE(ingest->Ingest(&ictx, IngestAll(), &iresp).ok());
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << Slurp(log);
+  text = Slurp(log);
+  EXPECT_NE(text.find("rpc=Ingest n_chunks=3 stored=3"), std::string::npos) << text;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace infoflow::server
