@@ -8,6 +8,9 @@ namespace infoflow::cli {
 
 int RunTokenize(int argc, char** argv);
 int RunGenerate(int argc, char** argv);
+int RunIngest(int argc, char** argv);  // gRPC client: cmd_ingest.cc
+int RunQuery(int argc, char** argv);   // cmd_query.cc
+int RunStats(int argc, char** argv);   // cmd_stats.cc
 
 }  // namespace infoflow::cli
 

@@ -17,6 +17,9 @@ const Command kCommands[] = {
      "encode a JSON array of strings (stdin) with a tokenizer.json"},
     {"generate", infoflow::cli::RunGenerate,
      "in-process generation from a model directory (no server)"},
+    {"ingest", infoflow::cli::RunIngest, "store chunk KV of files on a server (gRPC)"},
+    {"query", infoflow::cli::RunQuery, "ask a question over stored chunks (gRPC, streams)"},
+    {"stats", infoflow::cli::RunStats, "model info and store statistics of a server"},
 };
 
 void PrintUsage(FILE* out) {
