@@ -89,7 +89,7 @@ int RunQuery(int argc, char** argv) {
       std::fprintf(stderr, "infoflow query: bad --ratio\n");
       return 2;
     }
-    req.set_ratio(ratio);
+    req.mutable_ratio()->set_value(ratio);
   }
   int max_new = 0;
   float temperature = 0, top_p = 0;

@@ -138,7 +138,7 @@ grpc::Status ToSpec(const ServiceDeps& d, const v1::QueryRequest& req, QuerySpec
   if (!ToMethod(req.method(), &spec->method)) {
     return Invalid(absl::StrCat("method: unknown value ", static_cast<int>(req.method())));
   }
-  spec->ratio = req.has_ratio() ? req.ratio() : 0.15;
+  spec->ratio = req.has_ratio() ? req.ratio().value() : 0.15;
   if (!(spec->ratio >= 0.0 && spec->ratio <= 1.0)) {  // also catches NaN
     return Invalid(absl::StrCat("ratio: must be in [0, 1], got ", spec->ratio));
   }
