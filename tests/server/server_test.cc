@@ -23,6 +23,9 @@
 #include <thread>
 #include <vector>
 
+#include <rocksdb/db.h>
+
+#include "cache_store/chunk_store.h"
 #include "engine/model.h"
 #include "engine/pipeline.h"
 #include "engine/prefill.h"
@@ -395,6 +398,78 @@ TEST_F(ServerTest, RestartOnSameDataDirKeepsChunks) {
   v1::IngestResponse resp;
   ASSERT_TRUE(h_.ingest->Ingest(&ctx, IngestAll(), &resp).ok());
   EXPECT_EQ(resp.results(0).status(), v1::CHUNK_STATUS_ALREADY_PRESENT);
+}
+
+// A corrupt stored record is a miss: by text it is prefilled again and
+// overwritten; by key it reads as NOT_FOUND.
+TEST_F(ServerTest, CorruptRecordIsRecomputedWhenTextIsGiven) {
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  std::vector<std::string> keys = IngestKeys();
+  h_.Stop();
+  {
+    store::ChunkStoreOptions so;
+    so.path = h_.data_dir;
+    auto st = store::ChunkStore::Open(so);
+    ASSERT_TRUE(st.ok()) << st.status();
+    auto key = store::ChunkKey::FromHex(keys[1]);
+    ASSERT_TRUE(key.ok());
+    std::string value;
+    rocksdb::DB* db = (*st)->db_for_testing();
+    ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), (*st)->data_cf_for_testing(),
+                        rocksdb::Slice(key->AsBytes().data(), key->AsBytes().size()), &value)
+                    .ok());
+    value[value.size() / 2] ^= 0x5a;
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), (*st)->data_cf_for_testing(),
+                        rocksdb::Slice(key->AsBytes().data(), key->AsBytes().size()), value)
+                    .ok());
+  }
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  QueryCall by_key = RunQueryRpc(h_.query.get(), QueryByKeys(keys, v1::METHOD_NONE));
+  EXPECT_EQ(by_key.status.error_code(), grpc::NOT_FOUND) << by_key.status.error_message();
+  EXPECT_NE(by_key.status.error_message().find(keys[1]), std::string::npos);
+  v1::QueryRequest req = QueryByKeys(keys, v1::METHOD_NONE);
+  req.mutable_chunks(1)->set_text(kTexts[1]);
+  QueryCall by_text = RunQueryRpc(h_.query.get(), req);
+  ASSERT_TRUE(by_text.status.ok()) << by_text.status.error_message();
+  EXPECT_EQ(by_text.report.chunk_misses(), 1);
+  EXPECT_EQ(by_text.report.chunk_hits(), 2);
+  EXPECT_EQ(by_text.report.chunk_keys(1), keys[1]);
+  QueryCall again = RunQueryRpc(h_.query.get(), QueryByKeys(keys, v1::METHOD_NONE));
+  EXPECT_TRUE(again.status.ok()) << again.status.error_message();
+  EXPECT_EQ(again.ids, by_text.ids);
+  grpc::ClientContext ctx;
+  v1::StatsResponse stats;
+  ASSERT_TRUE(h_.admin->Stats(&ctx, v1::StatsRequest(), &stats).ok());
+  EXPECT_GE(stats.corrupt(), 1u);
+}
+
+TEST(ServerOptionsTest, FlagsAndConfigFile) {
+  const std::string dir = TempDir("cfg");
+  std::ofstream(dir + "/server.conf") << "# comment\nlisten = 127.0.0.1:0\nworkers=3\n"
+                                      << "max-new-tokens=99\nstore-sync=false\n";
+  std::vector<std::string> args = {"infoflow-server", "--config", dir + "/server.conf",
+                                   "--workers=5", "--data-dir", "/x/kv"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  bool help = false;
+  auto o = ParseServerFlags(static_cast<int>(argv.size()), argv.data(), &help);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->listen, "127.0.0.1:0");
+  EXPECT_EQ(o->workers, 5);  // the command line wins over the file
+  EXPECT_EQ(o->max_new_tokens, 99);
+  EXPECT_FALSE(o->store_sync);
+  EXPECT_EQ(o->data_dir, "/x/kv");
+  std::vector<std::string> bad = {"infoflow-server", "--workers", "zero"};
+  std::vector<char*> bargv;
+  for (auto& a : bad) bargv.push_back(a.data());
+  auto b = ParseServerFlags(static_cast<int>(bargv.size()), bargv.data(), &help);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("--workers"), std::string::npos);
+  std::vector<std::string> tls = {"infoflow-server", "--tls-cert", "c.pem"};
+  std::vector<char*> targv;
+  for (auto& a : tls) targv.push_back(a.data());
+  EXPECT_FALSE(ParseServerFlags(static_cast<int>(targv.size()), targv.data(), &help).ok());
+  fs::remove_all(dir);
 }
 
 TEST_F(ServerTest, BadInputsGetTheirStatusAndServerStaysUsable) {
