@@ -102,6 +102,16 @@ const char* CodeName(grpc::StatusCode c) {
   }
 }
 
+// Engine code may throw (torch errors); a request must fail, not the process.
+template <typename F>
+auto GuardedRun(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("engine error: ", e.what()));
+  }
+}
+
 bool DeadlinePassed(const grpc::ServerContext* ctx) {
   return std::chrono::system_clock::now() > ctx->deadline();
 }
@@ -220,8 +230,9 @@ grpc::Status IngestService::DoIngest(grpc::ServerContext* ctx, const v1::IngestR
     }
     v1::IngestResult* r = resp->add_results();
     r->set_client_id(req.chunks(i).client_id());
-    absl::StatusOr<IngestOutcome> out =
-        d_->resolver->Ingest(req.chunks(i).text(), mode, absl::StrCat("chunks[", i, "].text"));
+    absl::StatusOr<IngestOutcome> out = GuardedRun([&] {
+      return d_->resolver->Ingest(req.chunks(i).text(), mode, absl::StrCat("chunks[", i, "].text"));
+    });
     if (!out.ok()) {
       r->set_status(v1::CHUNK_STATUS_ERROR);
       r->set_error(std::string(out.status().message()));
@@ -285,7 +296,7 @@ grpc::Status QueryService::Query(grpc::ServerContext* ctx, const v1::QueryReques
     AdmissionSlot slot(d_->admission);
     if (d_->metrics) d_->metrics->AddInflightStreams(1);
     bool write_failed = false;
-    out = d_->runner->Run(spec, [&](int32_t id, std::string_view text) {
+    out = GuardedRun([&] { return d_->runner->Run(spec, [&](int32_t id, std::string_view text) {
       if (ctx->IsCancelled()) return false;
       v1::QueryResponse msg;
       msg.mutable_token()->set_id(id);
@@ -295,7 +306,7 @@ grpc::Status QueryService::Query(grpc::ServerContext* ctx, const v1::QueryReques
         return false;
       }
       return true;
-    });
+    }); });
     if (d_->metrics) d_->metrics->AddInflightStreams(-1);
     if (!out.ok()) {
       s = ToGrpc(out.status());
