@@ -1,6 +1,7 @@
 // End-to-end tests of infoflow-server: the real gRPC server on an ephemeral
 // 127.0.0.1 port, a real RocksDB store in a temp dir, a generated test model,
 // and real promtool/prometheus for /metrics. No mocks.
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
@@ -26,6 +27,7 @@
 #include <rocksdb/db.h>
 
 #include "cache_store/chunk_store.h"
+#include "engine/chunk_codec.h"
 #include "engine/model.h"
 #include "engine/pipeline.h"
 #include "engine/prefill.h"
@@ -441,6 +443,32 @@ TEST_F(ServerTest, CorruptRecordIsRecomputedWhenTextIsGiven) {
   v1::StatsResponse stats;
   ASSERT_TRUE(h_.admin->Stats(&ctx, v1::StatsRequest(), &stats).ok());
   EXPECT_GE(stats.corrupt(), 1u);
+}
+
+TEST(ChunkCodecTest, RoundTripIsBitExactAndOtherModelsAreRefused) {
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(ModelDir());
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<int32_t> ids = {5, 17, 42, 99, 300};
+  absl::StatusOr<ChunkKv> kv = PrefillChunk(**model, ids, PrefixMode::kBos);
+  ASSERT_TRUE(kv.ok());
+  absl::StatusOr<std::string> bytes = EncodeChunkRecord(**model, *kv, PrefixMode::kBos);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  absl::StatusOr<store::KvRecord> rec = store::DecodeRecord(*bytes);
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  EXPECT_EQ(rec->Key(), ChunkKeyFor(**model, ids, PrefixMode::kBos));
+  EXPECT_NE(rec->Key(), ChunkKeyFor(**model, ids, PrefixMode::kNone));
+  absl::StatusOr<std::shared_ptr<const ChunkKv>> back = DecodeChunkRecord(**model, *rec);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ((*back)->token_ids, ids);
+  for (int l = 0; l < (*model)->n_layers(); ++l) {
+    EXPECT_TRUE(at::equal((*back)->k[l], kv->k[l])) << l;
+    EXPECT_TRUE(at::equal((*back)->v[l], kv->v[l])) << l;
+  }
+  (*model)->set_fingerprint("another-model");
+  EXPECT_TRUE(absl::IsFailedPrecondition(DecodeChunkRecord(**model, *rec).status()));
+  ChunkKv short_kv = *kv;
+  short_kv.k.pop_back();
+  EXPECT_TRUE(absl::IsInvalidArgument(EncodeChunkRecord(**model, short_kv, PrefixMode::kBos).status()));
 }
 
 TEST(ServerOptionsTest, FlagsAndConfigFile) {
