@@ -23,7 +23,7 @@ CONTEXTS=${2:-"8192 16384 32768"}
 BUILD=${BUILD_DIR:-build-cuda}
 JOBS=${JOBS:-$(nproc)}
 CHUNKS=${CHUNKS:-8}
-DEVICE=${DEVICE:-cuda}        # DEVICE=cpu SKIP_BUILD=1: dry-run steps 3-4 on a CPU box
+DEVICE=${DEVICE:-cuda}        # DEVICE=cpu SKIP_BUILD=1 [SKIP_EVAL=1]: dry run on a CPU box
 [ -f "$MODEL/config.json" ] || { echo "gpu-check: $MODEL/config.json not found" >&2; exit 2; }
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
@@ -36,9 +36,11 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
   "$BUILD"/tests/engine/engine_tests --gtest_brief=1
 fi
 
-echo "== 3. infoflow-eval --device $DEVICE"
-"$BUILD"/engine/tools/infoflow-eval --model "$MODEL" --device "$DEVICE" --synthetic 8 --chunks 6 \
-  --ratios 0.05,0.15,0.3
+if [ "${SKIP_EVAL:-0}" != 1 ]; then
+  echo "== 3. infoflow-eval --device $DEVICE"
+  "$BUILD"/engine/tools/infoflow-eval --model "$MODEL" --device "$DEVICE" --synthetic 8 --chunks 6 \
+    --ratios 0.05,0.15,0.3
+fi
 
 echo "== 4. TTFT FULL vs INFOFLOW on $DEVICE ($CHUNKS chunks per query)"
 WORK=$(mktemp -d)
@@ -90,7 +92,8 @@ PY
 printf '\n%-9s %-10s %10s %10s %12s\n' context method ttft_ms vs_full recomputed
 for n in $CONTEXTS; do
   make_chunks "$n" "$WORK/c$n"
-  "$BUILD"/client/infoflow ingest --server "$ADDR" "$WORK/c$n" >/dev/null
+  "$BUILD"/client/infoflow ingest --server "$ADDR" "$WORK/c$n" >"$WORK/ingest.log" 2>&1 \
+    || { cat "$WORK/ingest.log" >&2; exit 1; }
   ARGS=()
   for f in "$WORK/c$n"/*.txt; do ARGS+=(--chunk-file "$f"); done
   for pass in warm measure; do   # the warm pass loads kernels and fills the RAM tier
