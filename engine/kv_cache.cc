@@ -26,12 +26,28 @@ int64_t KvCache::AppendPositions(const at::Tensor& positions) {
     positions_ = grown;
   }
   positions_.narrow(0, length_, m).copy_(positions);
+  if (sorted_ && m > 0) {
+    // Only the new entries and the one before them need checking.
+    const int64_t from = std::max<int64_t>(0, length_ - 1);
+    at::Tensor tail = positions_.narrow(0, from, need - from).cpu();
+    const int64_t* p = tail.data_ptr<int64_t>();
+    for (int64_t i = 1; i < tail.size(0) && sorted_; ++i) sorted_ = p[i - 1] <= p[i];
+  }
   length_ = need;
   return first;
 }
 
 void KvCache::SetPositions(const at::Tensor& slots, const at::Tensor& positions) {
   positions_.index_copy_(0, slots, positions);
+  RecheckSorted();
+}
+
+void KvCache::RecheckSorted() {
+  sorted_ = true;
+  if (length_ < 2) return;
+  at::Tensor pos = positions().cpu().contiguous();
+  const int64_t* p = pos.data_ptr<int64_t>();
+  for (int64_t i = 1; i < length_ && sorted_; ++i) sorted_ = p[i - 1] <= p[i];
 }
 
 void KvCache::EnsureCapacity(int64_t n, const at::Tensor& like_k, const at::Tensor& like_v) {
@@ -63,11 +79,15 @@ void KvCache::WriteRange(int layer, int64_t first, const at::Tensor& k, const at
   v_[layer].narrow(1, first, v.size(1)).copy_(v);
 }
 
-void KvCache::Truncate(int64_t n) { length_ = std::min(length_, std::max<int64_t>(n, 0)); }
+void KvCache::Truncate(int64_t n) {
+  length_ = std::min(length_, std::max<int64_t>(n, 0));
+  if (!sorted_) RecheckSorted();
+}
 
 KvCache KvCache::Clone() const {
   KvCache c(n_layers());
   c.length_ = length_;
+  c.sorted_ = sorted_;
   if (positions_.defined()) c.positions_ = positions_.narrow(0, 0, length_).clone();
   for (int l = 0; l < n_layers(); ++l) {
     if (!k_[l].defined()) continue;

@@ -56,6 +56,11 @@ class KvCache {
   // Same for a contiguous slot range [first, first + m).
   void WriteRange(int layer, int64_t first, const at::Tensor& k, const at::Tensor& v);
 
+  // True when positions never decrease with slot index (e.g. after a plain
+  // prefill or reposition). Attention then skips keys past each query
+  // block's last position instead of masking them.
+  bool positions_sorted() const { return sorted_; }
+
   // Drops every slot at index >= n (e.g. question tokens after scoring).
   void Truncate(int64_t n);
 
@@ -72,6 +77,8 @@ class KvCache {
   std::vector<at::Tensor> v_;
   at::Tensor positions_;  // [capacity] int64
   int64_t length_ = 0;
+  bool sorted_ = true;
+  void RecheckSorted();
 };
 
 }  // namespace infoflow

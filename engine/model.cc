@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <limits>
@@ -54,7 +55,7 @@ at::Tensor Model::Rotate(const at::Tensor& k, const at::Tensor& positions) const
 
 at::Tensor Model::Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& q_pos, const at::Tensor& k_pos,
-                            at::Tensor* probs_out) {
+                            at::Tensor* probs_out, bool keys_sorted) {
   const int64_t n_heads = q.size(0), n_q = q.size(1), hd = q.size(2);
   g_attention_rows.fetch_add(n_q, std::memory_order_relaxed);
   const int64_t n_kv = k.size(0), n_keys = k.size(1);
@@ -63,24 +64,43 @@ at::Tensor Model::Attention(const at::Tensor& q, const at::Tensor& k, const at::
   // Query heads [H] = [Hkv, group]: kv head j serves query heads j*group..,
   // so no copy of K/V per query head is needed.
   at::Tensor q4 = q.reshape({n_kv, group, n_q, hd});
-  // Bound the score matrix to ~2M elements (8 MB f32) per block of query
+  // Bound the score matrix to ~4M elements (16 MB f32) per block of query
   // rows: larger blocks fall to mmap'd allocations whose page faults cost
   // more than the matmuls on small VMs, and gain no BLAS efficiency.
   const int64_t block =
-      std::max<int64_t>(1, (int64_t{2} << 20) / std::max<int64_t>(1, n_heads * n_keys));
-  at::Tensor kt = k.transpose(1, 2);
+      std::max<int64_t>(1, (int64_t{4} << 20) / std::max<int64_t>(1, n_heads * n_keys));
+  at::Tensor q_pos_cpu, k_pos_cpu;
+  if (keys_sorted) {
+    q_pos_cpu = q_pos.cpu().contiguous();
+    k_pos_cpu = k_pos.cpu().contiguous();
+  }
   std::vector<at::Tensor> outs, probs;
   for (int64_t b0 = 0; b0 < n_q; b0 += block) {
     const int64_t nb = std::min(block, n_q - b0);
+    int64_t nk = n_keys;
+    if (keys_sorted) {
+      const int64_t* qp = q_pos_cpu.data_ptr<int64_t>() + b0;
+      const int64_t* kp = k_pos_cpu.data_ptr<int64_t>();
+      const int64_t last = *std::max_element(qp, qp + nb);
+      nk = std::upper_bound(kp, kp + n_keys, last) - kp;
+    }
+    at::Tensor kb = k.narrow(1, 0, nk), vb = v.narrow(1, 0, nk);
     at::Tensor qb = q4.narrow(2, b0, nb).reshape({n_kv, group * nb, hd});
-    at::Tensor scores = at::bmm(qb, kt).mul_(scale).view({n_kv, group, nb, n_keys});
+    at::Tensor scores = at::bmm(qb, kb.transpose(1, 2)).mul_(scale).view({n_kv, group, nb, nk});
     if (scores.scalar_type() != at::kFloat) scores = scores.to(at::kFloat);
-    at::Tensor hidden = k_pos.unsqueeze(0) > q_pos.narrow(0, b0, nb).unsqueeze(1);  // [nb, N]
+    at::Tensor hidden = k_pos.narrow(0, 0, nk).unsqueeze(0) > q_pos.narrow(0, b0, nb).unsqueeze(1);
     scores.masked_fill_(hidden, -std::numeric_limits<float>::infinity());
     at::Tensor p = at::softmax(scores, -1);
-    at::Tensor o = at::bmm(p.to(v.scalar_type()).view({n_kv, group * nb, n_keys}), v);
+    at::Tensor o = at::bmm(p.to(v.scalar_type()).view({n_kv, group * nb, nk}), vb);
     outs.push_back(o.view({n_kv, group, nb, hd}));
-    if (probs_out) probs.push_back(p);
+    if (probs_out) {
+      if (nk < n_keys) {
+        at::Tensor full = at::zeros({n_kv, group, nb, n_keys}, p.options());
+        full.narrow(3, 0, nk).copy_(p);
+        p = full;
+      }
+      probs.push_back(p);
+    }
   }
   at::Tensor out = outs.size() == 1 ? outs[0] : at::cat(outs, 2);
   if (probs_out) {
@@ -115,7 +135,7 @@ at::Tensor Model::Layer(int layer, const at::Tensor& h, const at::Tensor& positi
   k = ApplyRope(k.transpose(0, 1), rope.first, rope.second);  // [Hkv, q, hd]
   cache->WriteAt(layer, slots, k, v.transpose(0, 1));
   at::Tensor attn = Attention(q, cache->keys(layer), cache->values(layer), positions,
-                              cache->positions(), trace.attention);
+                              cache->positions(), trace.attention, cache->positions_sorted());
   at::Tensor out = h + at::linear(attn.transpose(0, 1).reshape({n_q, n_heads * hd}), w.wo, w.bo);
 
   // SwiGLU MLP block.

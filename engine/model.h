@@ -127,11 +127,14 @@ class Model {
   // pre-RoPE stored keys at global positions.
   at::Tensor Rotate(const at::Tensor& k, const at::Tensor& positions) const;
 
-  // Computes attention of a chunk alone, for prefill and recompute with K/V
-  // already in `cache`. Exposed for tests.
+  // Softmax attention of q [H, q, hd] over k, v [Hkv, N, hd] where query i
+  // sees key j iff k_pos[j] <= q_pos[i]. With `keys_sorted` (k_pos
+  // non-decreasing) each block of queries reads only the keys up to its last
+  // position: causal prefill then does about half the work of a full mask.
+  // Returns [H, q, hd]; `probs_out` gets [H, q, N] f32 if non-null.
   static at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                               const at::Tensor& q_pos, const at::Tensor& k_pos,
-                              at::Tensor* probs_out);
+                              at::Tensor* probs_out, bool keys_sorted = false);
 
  private:
   ModelConfig config_;
