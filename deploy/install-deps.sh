@@ -11,7 +11,7 @@ PKGS=(
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus-cpp-dev civetweb libcivetweb-dev prometheus
   nlohmann-json3-dev libxxhash-dev libre2-dev libssl-dev
-  python3 python3-grpcio python3-grpc-tools python3-numpy python3-yaml
+  python3 python3-grpcio python3-grpc-tools python3-numpy python3-yaml curl
 )
 missing=()
 for p in "${PKGS[@]}"; do
