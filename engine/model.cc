@@ -77,19 +77,26 @@ at::Tensor Model::Attention(const at::Tensor& q, const at::Tensor& k, const at::
   std::vector<at::Tensor> outs, probs;
   for (int64_t b0 = 0; b0 < n_q; b0 += block) {
     const int64_t nb = std::min(block, n_q - b0);
-    int64_t nk = n_keys;
+    // Keys [0, nk) can be visible to some query of the block; keys [0, lo)
+    // are visible to all of them and need no mask.
+    int64_t nk = n_keys, lo = 0;
     if (keys_sorted) {
       const int64_t* qp = q_pos_cpu.data_ptr<int64_t>() + b0;
       const int64_t* kp = k_pos_cpu.data_ptr<int64_t>();
-      const int64_t last = *std::max_element(qp, qp + nb);
-      nk = std::upper_bound(kp, kp + n_keys, last) - kp;
+      const auto [first, last] = std::minmax_element(qp, qp + nb);
+      nk = std::upper_bound(kp, kp + n_keys, *last) - kp;
+      lo = std::upper_bound(kp, kp + n_keys, *first) - kp;
     }
     at::Tensor kb = k.narrow(1, 0, nk), vb = v.narrow(1, 0, nk);
-    at::Tensor qb = q4.narrow(2, b0, nb).reshape({n_kv, group * nb, hd});
-    at::Tensor scores = at::bmm(qb, kb.transpose(1, 2)).mul_(scale).view({n_kv, group, nb, nk});
+    // Scaling q (nb x hd) is cheaper than scaling the scores (nb x nk).
+    at::Tensor qb = (q4.narrow(2, b0, nb) * scale).reshape({n_kv, group * nb, hd});
+    at::Tensor scores = at::bmm(qb, kb.transpose(1, 2)).view({n_kv, group, nb, nk});
     if (scores.scalar_type() != at::kFloat) scores = scores.to(at::kFloat);
-    at::Tensor hidden = k_pos.narrow(0, 0, nk).unsqueeze(0) > q_pos.narrow(0, b0, nb).unsqueeze(1);
-    scores.masked_fill_(hidden, -std::numeric_limits<float>::infinity());
+    if (lo < nk) {
+      at::Tensor hidden =
+          k_pos.narrow(0, lo, nk - lo).unsqueeze(0) > q_pos.narrow(0, b0, nb).unsqueeze(1);
+      scores.narrow(3, lo, nk - lo).masked_fill_(hidden, -std::numeric_limits<float>::infinity());
+    }
     at::Tensor p = at::softmax(scores, -1);
     at::Tensor o = at::bmm(p.to(v.scalar_type()).view({n_kv, group * nb, nk}), vb);
     outs.push_back(o.view({n_kv, group, nb, hd}));

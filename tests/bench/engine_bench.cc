@@ -51,13 +51,13 @@ double MatmulPeakGflops(int reps) {
 }
 
 // Matmul FLOPs of a prefill of n tokens: projections + MLP per token, QK^T and
-// PV over the full n x n score matrix (what the engine computes; the causal
-// mask is applied after), LM head for the last token.
+// PV over the causal triangle (n(n+1)/2 scores per head; the engine skips
+// keys past each query block), LM head for the last token.
 double PrefillFlops(const ModelConfig& c, int64_t n) {
   const double d = c.hidden_size, hd = c.head_dim, h = c.num_attention_heads,
                kv = c.num_key_value_heads, ff = c.intermediate_size;
   const double per_token = 2 * (d * (h + 2 * kv) * hd + h * hd * d + 3 * d * ff);
-  const double attn = 2 * 2 * static_cast<double>(n) * n * h * hd;
+  const double attn = 2 * 2 * static_cast<double>(n) * (n + 1) / 2 * h * hd;
   return c.num_hidden_layers * (n * per_token + attn) + 2 * d * c.vocab_size;
 }
 
