@@ -1,0 +1,676 @@
+#include "engine/train/trainer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "engine/bpe_trainer.h"
+#include "engine/eval_set.h"
+#include "engine/kv_cache.h"
+#include "engine/model_config.h"
+#include "engine/safetensors.h"
+#include "nlohmann/json.hpp"
+
+namespace infoflow {
+namespace {
+
+constexpr uint64_t kEvalStream = 0xE7A15E7ull;
+constexpr uint64_t kTokenizerStream = 0x70CE41ull;
+
+uint64_t SplitMix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+uint64_t Key(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b) {
+  return SplitMix(SplitMix(SplitMix(seed ^ stream) + a) + b);
+}
+
+std::string ReadFile(const std::string& path, bool* ok) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  *ok = static_cast<bool>(in);
+  return s.str();
+}
+
+absl::Status WriteFile(const std::string& path, const std::string& text) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out << text;
+    if (!out) return absl::InternalError("cannot write " + tmp);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return absl::InternalError("cannot rename " + tmp + ": " + ec.message());
+  return absl::OkStatus();
+}
+
+std::string Duration(double s) {
+  if (!(s >= 0) || s > 1e7) return "?";
+  int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600) return absl::StrFormat("%dh%02dm", t / 3600, (t / 60) % 60);
+  return absl::StrFormat("%dm%02ds", t / 60, t % 60);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& options) {
+  const TrainOptions& o = options;
+  if (o.hidden <= 0 || o.heads <= 0 || o.kv_heads <= 0 || o.layers <= 0 || o.ffn <= 0) {
+    return absl::InvalidArgumentError("model sizes must be positive");
+  }
+  if (o.hidden % o.heads != 0 || (o.hidden / o.heads) % 2 != 0) {
+    return absl::InvalidArgumentError("--hidden / --heads must be an even integer");
+  }
+  if (o.heads % o.kv_heads != 0) return absl::InvalidArgumentError("--heads % --kv-heads != 0");
+  if (o.vocab < 258) return absl::InvalidArgumentError("--vocab must be >= 258");
+  if (o.steps < 0 || o.batch <= 0 || o.seq_len < 16) {
+    return absl::InvalidArgumentError("need --steps >= 0, --batch > 0, --seq-len >= 16");
+  }
+  if (o.chunks < 2 || o.min_chunks < 1 || o.chunk_words <= 0) {
+    return absl::InvalidArgumentError("need --chunks >= 2, --min-chunks >= 1, --chunk-words > 0");
+  }
+  EvalSetOptions check;
+  check.tasks = o.tasks;
+  if (absl::Status s = ValidateEvalSetOptions(check); !s.ok()) return s;
+
+  std::unique_ptr<Trainer> t(new Trainer());
+  t->options_ = options;
+  if (o.threads > 0) at::set_num_threads(o.threads);
+
+  if (o.resume && !o.out.empty() && std::filesystem::exists(o.out + "/model.safetensors")) {
+    if (absl::Status s = t->LoadCheckpoint(o.out); !s.ok()) return s;
+    return t;
+  }
+
+  // Tokenizer: byte-level BPE on generated documents (own seed stream).
+  std::vector<std::string> corpus;
+  for (int i = 0; i < o.tokenizer_docs; ++i) {
+    EvalSetOptions g;
+    g.n_examples = 1;
+    g.n_chunks = o.chunks;
+    g.chunk_words = o.chunk_words;
+    g.seed = Key(o.seed, kTokenizerStream, i, 0);
+    g.tasks = {o.tasks[i % o.tasks.size()]};
+    for (const EvalExample& ex : GenerateEvalSet(g)) {
+      for (const std::string& c : ex.chunks) corpus.push_back(c);
+      corpus.push_back(absl::StrCat("\nQuestion: ", ex.question, "\nAnswer: ", ex.answers[0], "\n"));
+    }
+  }
+  absl::StatusOr<std::string> json = TrainByteLevelBpeTokenizerJson(corpus, o.vocab, {"<s>", "</s>"});
+  if (!json.ok()) return json.status();
+  t->tokenizer_json_ = *json;
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromJsonString(*json);
+  if (!tok.ok()) return tok.status();
+  t->tokenizer_ = *std::move(tok);
+  t->bos_ = *t->tokenizer_->TokenToId("<s>");
+  t->eos_ = *t->tokenizer_->TokenToId("</s>");
+
+  ModelConfig& c = t->config_;
+  c.model_type = "llama";
+  c.vocab_size = o.vocab;
+  c.hidden_size = o.hidden;
+  c.intermediate_size = o.ffn;
+  c.num_hidden_layers = o.layers;
+  c.num_attention_heads = o.heads;
+  c.num_key_value_heads = o.kv_heads;
+  c.head_dim = o.hidden / o.heads;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = o.rope_theta;
+  c.max_position_embeddings = std::max(4096, o.seq_len);
+  c.tie_word_embeddings = false;
+  c.bos_token_id = t->bos_;
+  c.eos_token_ids = {t->eos_};
+  c.torch_dtype = "float32";
+  t->InitWeights();
+  return t;
+}
+
+void Trainer::InitWeights() {
+  at::manual_seed(options_.seed);
+  const ModelConfig& c = config_;
+  const int64_t d = c.hidden_size, hd = c.head_dim, nh = c.num_attention_heads,
+                nkv = c.num_key_value_heads, ff = c.intermediate_size;
+  const double std0 = 0.02, out_std = 0.02 / std::sqrt(2.0 * c.num_hidden_layers);
+  auto normal = [](std::vector<int64_t> shape, double stddev) {
+    return at::randn(shape, at::kFloat).mul_(stddev);
+  };
+  auto ones = [](int64_t n) { return at::ones({n}, at::kFloat); };
+  weights_ = ModelWeights();
+  weights_.embed = normal({c.vocab_size, d}, std0);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    LayerWeights w;
+    w.attn_norm = ones(d);
+    w.wqkv = normal({(nh + 2 * nkv) * hd, d}, std0);
+    w.wo = normal({d, nh * hd}, out_std);
+    w.mlp_norm = ones(d);
+    w.w_gate_up = normal({2 * ff, d}, std0);
+    w.w_down = normal({d, ff}, out_std);
+    weights_.layers.push_back(w);
+  }
+  weights_.final_norm = ones(d);
+  weights_.lm_head = normal({c.vocab_size, d}, std0);
+  CollectParameters();
+}
+
+void Trainer::CollectParameters() {
+  names_.clear();
+  params_.clear();
+  auto add = [&](const std::string& name, at::Tensor& t) {
+    t = t.detach().contiguous().requires_grad_(true);
+    names_.push_back(name);
+    params_.push_back(t);
+  };
+  add("embed", weights_.embed);
+  for (size_t l = 0; l < weights_.layers.size(); ++l) {
+    LayerWeights& w = weights_.layers[l];
+    const std::string p = absl::StrCat("layers.", l, ".");
+    add(p + "attn_norm", w.attn_norm);
+    add(p + "wqkv", w.wqkv);
+    add(p + "wo", w.wo);
+    add(p + "mlp_norm", w.mlp_norm);
+    add(p + "w_gate_up", w.w_gate_up);
+    add(p + "w_down", w.w_down);
+  }
+  add("final_norm", weights_.final_norm);
+  add("lm_head", weights_.lm_head);
+  exp_avg_.clear();
+  exp_avg_sq_.clear();
+  for (const at::Tensor& p : params_) {
+    exp_avg_.push_back(at::zeros_like(p).detach());
+    exp_avg_sq_.push_back(at::zeros_like(p).detach());
+  }
+  // The model shares the parameters' storage: optimizer updates in place are
+  // what it computes with.
+  model_ = std::make_unique<Model>(config_, weights_, c10::Device(c10::kCPU), at::kFloat);
+}
+
+int64_t Trainer::num_parameters() const {
+  int64_t n = 0;
+  for (const at::Tensor& p : params_) n += p.numel();
+  return n;
+}
+
+double Trainer::LearningRate(int step) const {
+  const TrainOptions& o = options_;
+  if (step < o.warmup) return o.lr * (step + 1) / o.warmup;
+  const double span = std::max(1, o.steps - o.warmup);
+  const double progress = std::min(1.0, (step - o.warmup) / span);
+  const double min_lr = o.lr * o.min_lr_ratio;
+  return min_lr + (o.lr - min_lr) * 0.5 * (1.0 + std::cos(M_PI * progress));
+}
+
+int Trainer::MaxChunksAt(int step) const {
+  const TrainOptions& o = options_;
+  const int lo = std::min(std::max(2, o.min_chunks), o.chunks);
+  if (o.curriculum_steps <= 0) return o.chunks;
+  const double f = std::min(1.0, static_cast<double>(step) / o.curriculum_steps);
+  return lo + static_cast<int>(std::lround(f * (o.chunks - lo)));
+}
+
+Document Trainer::MakeDocument(uint64_t key, int max_chunks) const {
+  const TrainOptions& o = options_;
+  const uint64_t r = SplitMix(key);
+  const std::string& task = o.tasks[r % o.tasks.size()];
+  const int lo = std::min(std::max(2, o.min_chunks), max_chunks);
+  int n = lo + static_cast<int>((r >> 20) % static_cast<uint64_t>(max_chunks - lo + 1));
+  Document doc;
+  for (;; --n) {
+    EvalSetOptions g;
+    g.n_examples = 1;
+    g.n_chunks = n;
+    g.chunk_words = o.chunk_words;
+    g.seed = key;
+    g.tasks = {task};
+    EvalExample ex = GenerateEvalSet(g).at(0);
+    std::vector<int64_t> context = {bos_};
+    for (const std::string& c : ex.chunks) {
+      for (int32_t id : tokenizer_->Encode(c)) context.push_back(id);
+    }
+    for (int32_t id : tokenizer_->Encode(absl::StrCat("\nQuestion: ", ex.question, "\nAnswer:"))) {
+      context.push_back(id);
+    }
+    std::vector<int64_t> answer;
+    for (int32_t id : tokenizer_->Encode(absl::StrCat(" ", ex.answers[0], "\n"))) answer.push_back(id);
+    answer.push_back(eos_);
+    const int64_t total = static_cast<int64_t>(context.size() + answer.size());
+    if (total > o.seq_len && n > 2) continue;
+    if (total > o.seq_len) {
+      // Even two chunks are too long: drop the oldest context tokens (after BOS).
+      const int64_t drop = std::min<int64_t>(total - o.seq_len, context.size() - 1);
+      context.erase(context.begin() + 1, context.begin() + 1 + drop);
+    }
+    doc.tokens = context;
+    doc.tokens.insert(doc.tokens.end(), answer.begin(), answer.end());
+    const size_t first_answer_target = context.size() - 1;  // target index of answer[0]
+    doc.weights.assign(doc.tokens.size() - 1, static_cast<float>(o.context_weight));
+    doc.answer.assign(doc.tokens.size() - 1, 0);
+    for (size_t t = first_answer_target; t < doc.weights.size(); ++t) {
+      doc.weights[t] = static_cast<float>(o.answer_weight);
+      doc.answer[t] = 1;
+    }
+    doc.chunks = n;
+    doc.task = task;
+    return doc;
+  }
+}
+
+Document Trainer::TrainDocument(int step, int index) const {
+  return MakeDocument(Key(options_.seed, 0, step, index), MaxChunksAt(step));
+}
+
+Document Trainer::EvalDocument(int index) const {
+  return MakeDocument(Key(options_.seed, kEvalStream, index, 0), options_.chunks);
+}
+
+at::Tensor Trainer::TargetLosses(const Document& doc, at::Tensor* logits_out) const {
+  const int64_t T = static_cast<int64_t>(doc.tokens.size());
+  at::Tensor tokens = at::tensor(doc.tokens, at::kLong);
+  at::Tensor positions = at::arange(T, at::kLong);
+  KvCache cache(model_->n_layers());
+  ForwardOptions fo;
+  fo.logits = ForwardOptions::Logits::kAll;
+  ForwardResult r = model_->Forward(tokens, positions, at::Tensor(), &cache, fo);
+  if (logits_out) *logits_out = r.logits;
+  at::Tensor logp = at::log_softmax(r.logits.narrow(0, 0, T - 1), -1);
+  at::Tensor targets = tokens.narrow(0, 1, T - 1).unsqueeze(1);
+  return -logp.gather(1, targets).squeeze(1);
+}
+
+StepStats Trainer::Step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  const TrainOptions& o = options_;
+  StepStats st;
+  std::vector<Document> docs;
+  double total_weight = 0;
+  for (int b = 0; b < o.batch; ++b) {
+    docs.push_back(TrainDocument(step_, b));
+    for (float w : docs.back().weights) total_weight += w;
+  }
+  if (total_weight <= 0) total_weight = 1;
+  double answer_ce = 0;
+  int64_t answer_n = 0;
+  for (const Document& doc : docs) {
+    at::Tensor ce = TargetLosses(doc);
+    at::Tensor w = at::tensor(doc.weights, at::kFloat);
+    at::Tensor loss = (ce * w).sum() / total_weight;
+    loss.backward();
+    st.loss += loss.item<double>();
+    at::Tensor mask = at::tensor(std::vector<int64_t>(doc.answer.begin(), doc.answer.end())).to(at::kBool);
+    answer_ce += ce.detach().masked_select(mask).sum().item<double>();
+    answer_n += mask.sum().item<int64_t>();
+    st.tokens += static_cast<int64_t>(doc.tokens.size());
+  }
+  st.answer_loss = answer_n ? answer_ce / answer_n : 0;
+
+  at::NoGradGuard no_grad;
+  double sq = 0;
+  for (const at::Tensor& p : params_) {
+    if (p.grad().defined()) sq += p.grad().pow(2).sum().item<double>();
+  }
+  st.grad_norm = std::sqrt(sq);
+  const double clip = (o.clip > 0 && st.grad_norm > o.clip) ? o.clip / (st.grad_norm + 1e-12) : 1.0;
+  st.lr = LearningRate(step_);
+  const int t = step_ + 1;
+  const double bc1 = 1.0 - std::pow(o.beta1, t), bc2 = 1.0 - std::pow(o.beta2, t);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor& p = params_[i];
+    if (!p.grad().defined()) continue;
+    at::Tensor g = p.grad();
+    if (clip != 1.0) g = g * clip;
+    exp_avg_[i].mul_(o.beta1).add_(g, 1.0 - o.beta1);
+    exp_avg_sq_[i].mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
+    if (p.dim() >= 2 && o.weight_decay > 0) p.mul_(1.0 - st.lr * o.weight_decay);
+    at::Tensor denom = (exp_avg_sq_[i] / bc2).sqrt_().add_(o.adam_eps);
+    p.addcdiv_(exp_avg_[i], denom, -st.lr / bc1);
+    p.mutable_grad() = at::Tensor();
+  }
+  ++step_;
+  st.step = step_;
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
+
+EvalStats Trainer::Evaluate(int n) {
+  at::NoGradGuard no_grad;
+  EvalStats e;
+  double ce_sum = 0, ans_sum = 0;
+  int64_t ce_n = 0, ans_n = 0, ans_right = 0;
+  for (int i = 0; i < n; ++i) {
+    Document doc = EvalDocument(i);
+    at::Tensor logits;
+    at::Tensor ce = TargetLosses(doc, &logits);
+    at::Tensor pred = logits.narrow(0, 0, logits.size(0) - 1).argmax(-1).contiguous();
+    const float* c = ce.contiguous().data_ptr<float>();
+    const int64_t* p = pred.data_ptr<int64_t>();
+    bool all = true;
+    for (size_t t = 0; t + 1 < doc.tokens.size(); ++t) {
+      ce_sum += c[t];
+      ++ce_n;
+      if (!doc.answer[t]) continue;
+      ans_sum += c[t];
+      ++ans_n;
+      const bool right = p[t] == doc.tokens[t + 1];
+      ans_right += right;
+      all &= right;
+    }
+    e.exact += all;
+  }
+  e.docs = n;
+  e.loss = ce_n ? ce_sum / ce_n : 0;
+  e.answer_loss = ans_n ? ans_sum / ans_n : 0;
+  e.answer_acc = ans_n ? static_cast<double>(ans_right) / ans_n : 0;
+  e.exact = n ? e.exact / n : 0;
+  return e;
+}
+
+absl::Status Trainer::Train(std::ostream& log) {
+  const TrainOptions& o = options_;
+  log << absl::StrFormat(
+             "infoflow-train: %lld parameters, %d layers, hidden %d, heads %d/%d, ffn %d, "
+             "vocab %lld (tokenizer %d), seq-len %d, batch %d, steps %d (from %d), threads %d\n",
+             static_cast<long long>(num_parameters()), config_.num_hidden_layers,
+             config_.hidden_size, config_.num_attention_heads, config_.num_key_value_heads,
+             config_.intermediate_size, static_cast<long long>(config_.vocab_size),
+             tokenizer_->vocab_size(), o.seq_len, o.batch, o.steps, step_, at::get_num_threads())
+      << std::flush;
+  const auto start = std::chrono::steady_clock::now();
+  const int first = step_;
+  int64_t tokens = 0;
+  double loss_acc = 0, ans_acc = 0;
+  int acc_n = 0;
+  auto do_eval = [&]() {
+    const auto e0 = std::chrono::steady_clock::now();
+    EvalStats e = Evaluate(o.eval_docs);
+    log << absl::StrFormat(
+               "eval step %d: loss %.4f answer_loss %.4f answer_acc %.3f exact %.3f (%d docs, "
+               "%.1fs)\n",
+               step_, e.loss, e.answer_loss, e.answer_acc, e.exact, e.docs,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - e0).count())
+        << std::flush;
+  };
+  while (step_ < o.steps) {
+    StepStats st = Step();
+    tokens += st.tokens;
+    loss_acc += st.loss;
+    ans_acc += st.answer_loss;
+    ++acc_n;
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (step_ % std::max(1, o.log_every) == 0 || step_ == o.steps) {
+      const double per_step = elapsed / (step_ - first);
+      log << absl::StrFormat(
+                 "step %d/%d loss %.4f answer_loss %.4f lr %.2e gnorm %.3f chunks<=%d tok/s %.0f "
+                 "elapsed %s eta %s\n",
+                 step_, o.steps, loss_acc / acc_n, ans_acc / acc_n, st.lr, st.grad_norm,
+                 MaxChunksAt(step_ - 1), tokens / std::max(elapsed, 1e-9), Duration(elapsed).c_str(),
+                 Duration(per_step * (o.steps - step_)).c_str())
+          << std::flush;
+      loss_acc = ans_acc = 0;
+      acc_n = 0;
+    }
+    if (o.eval_every > 0 && step_ % o.eval_every == 0 && step_ < o.steps) do_eval();
+    if (!o.out.empty() && o.save_every > 0 && step_ % o.save_every == 0 && step_ < o.steps) {
+      if (absl::Status s = Save(o.out); !s.ok()) return s;
+      log << "saved " << o.out << " at step " << step_ << "\n" << std::flush;
+    }
+  }
+  if (o.eval_docs > 0) do_eval();
+  if (!o.out.empty()) {
+    if (absl::Status s = Save(o.out); !s.ok()) return s;
+    log << "saved " << o.out << " at step " << step_ << "\n" << std::flush;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Save(const std::string& dir) const {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::InternalError("cannot create " + dir + ": " + ec.message());
+  const ModelConfig& c = config_;
+  const int64_t hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
+
+  // Hugging Face names, q/k/v and gate/up split out of the fused tensors.
+  std::vector<std::pair<std::string, at::Tensor>> hf;
+  auto put = [&](const std::string& name, const at::Tensor& t) {
+    hf.emplace_back(name, t.detach().to(at::kFloat).contiguous());
+  };
+  put("model.embed_tokens.weight", weights_.embed);
+  put("model.norm.weight", weights_.final_norm);
+  put("lm_head.weight", weights_.lm_head);
+  for (size_t l = 0; l < weights_.layers.size(); ++l) {
+    const LayerWeights& w = weights_.layers[l];
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    std::vector<at::Tensor> qkv = w.wqkv.detach().split_with_sizes({nh * hd, nkv * hd, nkv * hd}, 0);
+    std::vector<at::Tensor> gu = w.w_gate_up.detach().chunk(2, 0);
+    put(p + "input_layernorm.weight", w.attn_norm);
+    put(p + "self_attn.q_proj.weight", qkv[0]);
+    put(p + "self_attn.k_proj.weight", qkv[1]);
+    put(p + "self_attn.v_proj.weight", qkv[2]);
+    put(p + "self_attn.o_proj.weight", w.wo);
+    put(p + "post_attention_layernorm.weight", w.mlp_norm);
+    put(p + "mlp.gate_proj.weight", gu[0]);
+    put(p + "mlp.up_proj.weight", gu[1]);
+    put(p + "mlp.down_proj.weight", w.w_down);
+  }
+  auto write = [](const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& ts,
+                  const std::map<std::string, std::string>& meta) {
+    std::vector<TensorToWrite> out;
+    for (const auto& [name, t] : ts) {
+      out.push_back({name, DType::kF32, t.sizes().vec(), t.data_ptr<float>()});
+    }
+    return WriteSafetensors(path, out, meta);
+  };
+  if (absl::Status s = write(dir + "/model.safetensors", hf, {{"format", "pt"}}); !s.ok()) return s;
+  std::vector<std::pair<std::string, at::Tensor>> opt;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    opt.emplace_back(names_[i] + ".exp_avg", exp_avg_[i].contiguous());
+    opt.emplace_back(names_[i] + ".exp_avg_sq", exp_avg_sq_[i].contiguous());
+  }
+  if (absl::Status s = write(dir + "/optimizer.safetensors", opt, {{"step", std::to_string(step_)}});
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = WriteFile(dir + "/config.json", ModelConfigToJson(c)); !s.ok()) return s;
+  if (absl::Status s = WriteFile(dir + "/tokenizer.json", tokenizer_json_); !s.ok()) return s;
+  const TrainOptions& o = options_;
+  nlohmann::json st;
+  st["step"] = step_;
+  st["seed"] = o.seed;
+  st["steps"] = o.steps;
+  st["batch"] = o.batch;
+  st["seq_len"] = o.seq_len;
+  st["lr"] = o.lr;
+  st["warmup"] = o.warmup;
+  st["tasks"] = o.tasks;
+  st["chunks"] = o.chunks;
+  st["min_chunks"] = o.min_chunks;
+  st["curriculum_steps"] = o.curriculum_steps;
+  st["chunk_words"] = o.chunk_words;
+  st["context_weight"] = o.context_weight;
+  st["answer_weight"] = o.answer_weight;
+  return WriteFile(dir + "/trainer_state.json", st.dump(2) + "\n");
+}
+
+absl::Status Trainer::LoadCheckpoint(const std::string& dir) {
+  LoadOptions lo;
+  lo.device = "cpu";
+  lo.dtype = "f32";
+  absl::StatusOr<std::unique_ptr<Model>> loaded = Model::Load(dir, lo);
+  if (!loaded.ok()) return loaded.status();
+  config_ = (*loaded)->config();
+  weights_ = (*loaded)->weights();
+  for (LayerWeights& w : weights_.layers) {
+    if (w.bqkv.defined() || w.bo.defined() || w.q_norm.defined()) {
+      return absl::InvalidArgumentError(dir + ": only plain llama checkpoints can be resumed");
+    }
+  }
+  if (config_.tie_word_embeddings) {
+    return absl::InvalidArgumentError(dir + ": tied embeddings are not trainable here");
+  }
+  // Own storage, detached from the loaded model.
+  weights_.embed = weights_.embed.clone();
+  weights_.final_norm = weights_.final_norm.clone();
+  weights_.lm_head = weights_.lm_head.clone();
+  for (LayerWeights& w : weights_.layers) {
+    for (at::Tensor* t : {&w.attn_norm, &w.wqkv, &w.wo, &w.mlp_norm, &w.w_gate_up, &w.w_down}) {
+      *t = t->clone();
+    }
+  }
+  bool ok = false;
+  tokenizer_json_ = ReadFile(dir + "/tokenizer.json", &ok);
+  if (!ok) return absl::NotFoundError("cannot read " + dir + "/tokenizer.json");
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromJsonString(tokenizer_json_);
+  if (!tok.ok()) return tok.status();
+  tokenizer_ = *std::move(tok);
+  bos_ = *tokenizer_->TokenToId("<s>");
+  eos_ = *tokenizer_->TokenToId("</s>");
+  options_.layers = static_cast<int>(config_.num_hidden_layers);
+  options_.hidden = static_cast<int>(config_.hidden_size);
+  options_.heads = static_cast<int>(config_.num_attention_heads);
+  options_.kv_heads = static_cast<int>(config_.num_key_value_heads);
+  options_.ffn = static_cast<int>(config_.intermediate_size);
+  options_.vocab = static_cast<int>(config_.vocab_size);
+  CollectParameters();
+
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> opt =
+      SafetensorsFile::Open(dir + "/optimizer.safetensors");
+  if (!opt.ok()) return opt.status();
+  auto it = (*opt)->metadata().find("step");
+  if (it == (*opt)->metadata().end() || !absl::SimpleAtoi(it->second, &step_)) {
+    return absl::InvalidArgumentError(dir + "/optimizer.safetensors: no step in metadata");
+  }
+  auto read = [&](const std::string& name, at::Tensor& dst) -> absl::Status {
+    const TensorInfo* info = (*opt)->Find(name);
+    if (info == nullptr || info->dtype != DType::kF32 || info->shape != dst.sizes().vec()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir, "/optimizer.safetensors: missing or mismatched ", name));
+    }
+    std::memcpy(dst.data_ptr<float>(), info->data, info->nbytes);
+    return absl::OkStatus();
+  };
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (absl::Status s = read(names_[i] + ".exp_avg", exp_avg_[i]); !s.ok()) return s;
+    if (absl::Status s = read(names_[i] + ".exp_avg_sq", exp_avg_sq_[i]); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// --- Flags -----------------------------------------------------------------
+
+const char kTrainUsage[] = R"(infoflow-train: train the engine's Model on synthetic InfoFlow documents.
+
+Usage: infoflow-train [flags]
+Data:
+  --data synthetic          the only source (engine/eval_set.h generator)
+  --tasks LIST              multihop,needle,coref or all (default all)
+  --chunks N                most chunks per document (default 6)
+  --min-chunks N            fewest chunks per document (default 2)
+  --curriculum-steps N      most chunks grows from --min-chunks to --chunks over N steps (0 = off)
+  --chunk-words N           approximate words per chunk (default 60)
+  --tokenizer-docs N        documents the BPE tokenizer is trained on (default 200)
+Model (llama; head_dim = hidden / heads):
+  --layers 2 --hidden 64 --heads 4 --kv-heads 2 --ffn 128 --vocab 1024 --rope-theta 10000
+  --seq-len 512             longest document in tokens (fewer chunks are used to fit)
+Optimization:
+  --steps 100 --batch 4 --lr 3e-3 --min-lr-ratio 0.1 --warmup 10 --weight-decay 0.1 --clip 1.0
+  --context-weight 1.0      loss weight of targets before the answer (0 = answer-only loss)
+  --answer-weight 1.0       loss weight of the answer targets (" answer", "\n", "</s>")
+  --threads 1 --seed 0
+Output:
+  --out DIR                 checkpoint directory (HF layout Model::Load reads, + optimizer state)
+  --resume                  continue from --out if it holds a checkpoint
+  --eval-every N            held-out teacher-forced eval every N steps (and at the end)
+  --eval-docs 32 --save-every N --log-every 1
+)";
+
+absl::Status ParseTrainFlags(int argc, char** argv, TrainOptions* o, bool* help) {
+  std::string tasks = "all", data = "synthetic";
+  std::map<std::string, int*> ints = {
+      {"--chunks", &o->chunks},         {"--min-chunks", &o->min_chunks},
+      {"--curriculum-steps", &o->curriculum_steps},
+      {"--chunk-words", &o->chunk_words}, {"--tokenizer-docs", &o->tokenizer_docs},
+      {"--layers", &o->layers},         {"--hidden", &o->hidden},
+      {"--heads", &o->heads},           {"--kv-heads", &o->kv_heads},
+      {"--ffn", &o->ffn},               {"--vocab", &o->vocab},
+      {"--seq-len", &o->seq_len},       {"--steps", &o->steps},
+      {"--batch", &o->batch},           {"--warmup", &o->warmup},
+      {"--threads", &o->threads},       {"--eval-every", &o->eval_every},
+      {"--eval-docs", &o->eval_docs},   {"--save-every", &o->save_every},
+      {"--log-every", &o->log_every}};
+  std::map<std::string, double*> doubles = {
+      {"--lr", &o->lr},
+      {"--min-lr-ratio", &o->min_lr_ratio},
+      {"--weight-decay", &o->weight_decay},
+      {"--clip", &o->clip},
+      {"--context-weight", &o->context_weight},
+      {"--answer-weight", &o->answer_weight},
+      {"--rope-theta", &o->rope_theta}};
+  std::map<std::string, std::string*> strings = {
+      {"--out", &o->out}, {"--tasks", &tasks}, {"--data", &data}};
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      *help = true;
+      return absl::OkStatus();
+    }
+    if (arg == "--resume") {
+      o->resume = true;
+      continue;
+    }
+    std::string name = arg, value;
+    bool has_value = false;
+    if (size_t eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      name = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+      has_value = true;
+    }
+    const bool known = ints.count(name) || doubles.count(name) || strings.count(name) ||
+                       name == "--seed";
+    if (!known) return absl::InvalidArgumentError("unknown flag " + arg);
+    if (!has_value) {
+      if (i + 1 >= argc) return absl::InvalidArgumentError(name + " needs a value");
+      value = argv[++i];
+    }
+    bool ok = true;
+    if (auto n = ints.find(name); n != ints.end()) {
+      ok = absl::SimpleAtoi(value, n->second);
+    } else if (auto d = doubles.find(name); d != doubles.end()) {
+      ok = absl::SimpleAtod(value, d->second);
+    } else if (auto s = strings.find(name); s != strings.end()) {
+      *s->second = value;
+    } else {
+      ok = absl::SimpleAtoi(value, &o->seed);
+    }
+    if (!ok) return absl::InvalidArgumentError(name + ": bad value '" + value + "'");
+  }
+  if (data != "synthetic") return absl::InvalidArgumentError("--data: only 'synthetic' is supported");
+  if (tasks == "all") {
+    o->tasks = EvalTaskNames();
+  } else {
+    o->tasks = absl::StrSplit(tasks, ',', absl::SkipWhitespace());
+  }
+  if (o->tasks.empty()) return absl::InvalidArgumentError("--tasks is empty");
+  return absl::OkStatus();
+}
+
+}  // namespace infoflow
