@@ -1,0 +1,614 @@
+// Reliability of the real infoflow-server binary (a child process on
+// 127.0.0.1 port 0, RocksDB in a temp dir, a generated test model):
+//
+//  * CrashTest: SIGKILL during batch ingest, restart on the same data dir,
+//    INFOFLOW_CRASH_ROUNDS rounds (default 10): every acknowledged chunk is
+//    stored and decodes; the one batch in flight is absent or intact.
+//  * CorruptionTest: a record damaged on disk is a miss, re-prefilled, and
+//    counted by infoflow_store_corrupt_total on /metrics.
+//  * BadInputTest: a table of malformed requests, each with its status code;
+//    afterwards the server is alive, answers, and its RSS did not balloon.
+//  * SoakTest: 16 streams of mixed queries and ingests for
+//    INFOFLOW_SOAK_SECONDS (default 20): no unexpected errors, bounded RSS.
+#include <gtest/gtest.h>
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <rocksdb/db.h>
+
+#include "cache_store/chunk_key.h"
+#include "cache_store/chunk_store.h"
+#include "client/client.h"
+#include "engine/test_model.h"
+#include "infoflow/v1/infoflow.grpc.pb.h"
+#include "tests/reliability/server_process.h"
+
+namespace infoflow {
+namespace {
+
+namespace fs = std::filesystem;
+namespace v1 = ::infoflow::v1;
+using testing::ServerProcess;
+
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+std::string ModelDir() {
+  static const std::string dir = [] {
+    const std::string d = std::string(INFOFLOW_TEST_DATA_DIR) + "/reliability_model";
+    if (!fs::exists(d + "/config.json")) {
+      absl::Status s = WriteTestModel(d, TestModelSpec{});
+      if (!s.ok()) {
+        std::fprintf(stderr, "WriteTestModel: %s\n", s.ToString().c_str());
+        std::abort();
+      }
+    }
+    return d;
+  }();
+  return dir;
+}
+
+struct TempDir {
+  explicit TempDir(const std::string& name)
+      : path((fs::temp_directory_path() /
+              ("infoflow_rel_" + std::to_string(getpid()) + "_" + name))
+                 .string()) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string path;
+};
+
+const char* kWords[] = {"river", "lamp",  "garden", "copper", "window", "orange", "street",
+                        "quiet", "north", "bridge", "winter", "letter", "silver", "market",
+                        "forest", "engine", "paper", "yellow", "harbor", "candle"};
+
+// A distinct chunk text of ~20-30 tokens for a tag like "r3b7c1".
+std::string ChunkText(const std::string& tag, uint32_t seed) {
+  std::string t = "Note " + tag + ":";
+  uint32_t x = seed * 2654435761u + 12345u;
+  for (int i = 0; i < 12; ++i) {
+    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+    t += " ";
+    t += kWords[x % (sizeof kWords / sizeof kWords[0])];
+  }
+  return t + ".";
+}
+
+client::Client MakeClient(const ServerProcess& s, int64_t timeout_ms = 30000) {
+  client::ClientOptions o;
+  o.address = s.address();
+  o.timeout_ms = timeout_ms;
+  return client::Client(o);
+}
+
+v1::QueryRequest QueryKeys(const std::vector<std::string>& keys, v1::Method m = v1::METHOD_NONE) {
+  v1::QueryRequest req;
+  for (const std::string& k : keys) req.add_chunks()->set_key(k);
+  req.set_question("Which street has the copper lamp?");
+  req.set_method(m);
+  req.set_max_new_tokens(1);
+  req.set_return_report(true);
+  return req;
+}
+
+absl::StatusOr<v1::Report> RunQuery(client::Client& c, const v1::QueryRequest& req) {
+  return c.Query(req, [](const v1::TokenEvent&) {});
+}
+
+std::string ServerBin() { return INFOFLOW_SERVER_BIN; }
+
+// ------------------------------------------------------------------ crash
+
+TEST(CrashTest, SigkillDuringIngestLosesNoAcknowledgedChunk) {
+  const int rounds = std::max(1, EnvInt("INFOFLOW_CRASH_ROUNDS", 10));
+  const unsigned seed = static_cast<unsigned>(EnvInt("INFOFLOW_CRASH_SEED", 20240607));
+  std::printf("crash rounds %d, seed %u\n", rounds, seed);
+  std::mt19937 rng(seed);
+  TempDir dir("crash");
+  ServerProcess srv(ServerBin(), ModelDir(), dir.path + "/kv", dir.path + "/server.log",
+                    {"--threads=1", "--store-sync=true", "--workers=2"});
+  std::vector<std::string> acked;          // keys acknowledged so far (all rounds)
+  std::vector<std::string> maybe_written;  // texts of the batch in flight at the kill
+  int64_t total_acked_batches = 0;
+  constexpr int kBatch = 4;
+
+  auto verify = [&](int round) {
+    client::Client c = MakeClient(srv);
+    for (size_t i = 0; i < acked.size(); i += 16) {
+      std::vector<std::string> group(acked.begin() + i,
+                                     acked.begin() + std::min(acked.size(), i + 16));
+      auto r = RunQuery(c, QueryKeys(group));
+      ASSERT_TRUE(r.ok()) << "round " << round << ": acknowledged chunk lost or undecodable: "
+                          << r.status();
+      EXPECT_EQ(r->chunk_hits(), static_cast<int>(group.size()));
+    }
+    // The batch in flight: absent (miss, re-prefilled now) or intact (hit);
+    // never an error and never a corrupt record.
+    for (const std::string& t : maybe_written) {
+      v1::QueryRequest req = QueryKeys({});
+      req.add_chunks()->set_text(t);
+      auto r = RunQuery(c, req);
+      ASSERT_TRUE(r.ok()) << "round " << round << ": " << r.status();
+      EXPECT_EQ(r->chunk_hits() + r->chunk_misses(), 1);
+    }
+    maybe_written.clear();
+    auto stats = c.Stats();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_EQ(stats->corrupt(), 0u) << "round " << round;
+    EXPECT_GE(stats->records(), acked.size());
+  };
+
+  for (int round = 0; round < rounds; ++round) {
+    std::string err;
+    ASSERT_TRUE(srv.Start(&err)) << err;
+    if (round > 0) {
+      ASSERT_NO_FATAL_FAILURE(verify(round));
+    }
+
+    // Batches for this round, all distinct from earlier rounds.
+    std::vector<v1::IngestRequest> batches(400);
+    for (size_t b = 0; b < batches.size(); ++b) {
+      for (int c = 0; c < kBatch; ++c) {
+        const std::string tag = "r" + std::to_string(round) + "b" + std::to_string(b) + "c" +
+                                std::to_string(c);
+        batches[b].add_chunks()->set_text(
+            ChunkText(tag, static_cast<uint32_t>(round * 100000 + b * 10 + c)));
+      }
+    }
+    std::mutex mu;
+    std::vector<std::string> round_acked;
+    std::atomic<int> acked_batches{0};
+    absl::Status ingest_status;
+    const bool use_stream = round % 2 == 0;
+    std::thread ingester([&] {
+      client::Client c = MakeClient(srv, 0);
+      auto record = [&](const v1::IngestResponse& resp) {
+        std::lock_guard<std::mutex> l(mu);
+        for (const auto& r : resp.results()) {
+          if (r.status() == v1::CHUNK_STATUS_STORED ||
+              r.status() == v1::CHUNK_STATUS_ALREADY_PRESENT) {
+            round_acked.push_back(r.chunk_key());
+          } else {
+            ADD_FAILURE() << "chunk error: " << r.error();
+          }
+        }
+        acked_batches.fetch_add(1);
+      };
+      if (use_stream) {
+        ingest_status = c.IngestStream(batches, record);
+      } else {
+        for (const auto& b : batches) {
+          auto resp = c.Ingest(b);
+          if (!resp.ok()) {
+            ingest_status = resp.status();
+            return;
+          }
+          record(*resp);
+        }
+      }
+    });
+    // Kill at a random moment after the first acknowledgement.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (acked_batches.load() == 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 250)(rng)));
+    srv.Kill();
+    ingester.join();
+    ASSERT_GT(acked_batches.load(), 0) << srv.log();
+    ASSERT_LT(acked_batches.load(), static_cast<int>(batches.size()))
+        << "ingest finished before the kill; make the round longer";
+    EXPECT_FALSE(ingest_status.ok()) << "ingest must have been cut by the kill";
+    total_acked_batches += acked_batches.load();
+    acked.insert(acked.end(), round_acked.begin(), round_acked.end());
+    // At most one batch was in flight (one write at a time, each answered
+    // before the next is sent).
+    for (const auto& c : batches[acked_batches.load()].chunks()) maybe_written.push_back(c.text());
+  }
+  std::string err;
+  ASSERT_TRUE(srv.Start(&err)) << err;
+  ASSERT_NO_FATAL_FAILURE(verify(rounds));
+  std::printf("%d rounds: %lld acknowledged batches, %zu acknowledged chunks verified\n", rounds,
+              static_cast<long long>(total_acked_batches), acked.size());
+  EXPECT_EQ(srv.Stop(), 0) << srv.log();
+}
+
+// ------------------------------------------------------------- corruption
+
+TEST(CorruptionTest, DamagedRecordIsMissRecomputedAndCounted) {
+  TempDir dir("corrupt");
+  const std::string kv = dir.path + "/kv";
+  ServerProcess srv(ServerBin(), ModelDir(), kv, dir.path + "/server.log",
+                    {"--threads=1", "--store-sync=false"});
+  std::string err;
+  ASSERT_TRUE(srv.Start(&err)) << err;
+  std::vector<std::string> texts = {ChunkText("a", 1), ChunkText("b", 2), ChunkText("c", 3)};
+  std::vector<std::string> keys;
+  {
+    client::Client c = MakeClient(srv);
+    v1::IngestRequest req;
+    for (const auto& t : texts) req.add_chunks()->set_text(t);
+    auto resp = c.Ingest(req);
+    ASSERT_TRUE(resp.ok()) << resp.status();
+    for (const auto& r : resp->results()) keys.push_back(r.chunk_key());
+  }
+  ASSERT_EQ(srv.Stop(), 0) << srv.log();
+  {  // Flip one payload byte of chunk 1 straight in RocksDB.
+    store::ChunkStoreOptions so;
+    so.path = kv;
+    auto st = store::ChunkStore::Open(so);
+    ASSERT_TRUE(st.ok()) << st.status();
+    auto key = store::ChunkKey::FromHex(keys[1]);
+    ASSERT_TRUE(key.ok());
+    const rocksdb::Slice k(key->AsBytes().data(), key->AsBytes().size());
+    std::string value;
+    rocksdb::DB* db = (*st)->db_for_testing();
+    ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), (*st)->data_cf_for_testing(), k, &value).ok());
+    value[value.size() - 7] ^= 0x20;
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), (*st)->data_cf_for_testing(), k, value).ok());
+  }
+  ASSERT_TRUE(srv.Start(&err)) << err;
+  const double corrupt_before = testing::PromValue(srv.Metrics(), "infoflow_store_corrupt_total");
+  EXPECT_EQ(corrupt_before, 0.0);
+  client::Client c = MakeClient(srv);
+  // By key it cannot be served.
+  auto by_key = RunQuery(c, QueryKeys(keys));
+  EXPECT_TRUE(absl::IsNotFound(by_key.status())) << by_key.status();
+  // By text: a miss, prefilled again, and the answer comes.
+  v1::QueryRequest req = QueryKeys({});
+  for (const auto& t : texts) req.add_chunks()->set_text(t);
+  req.set_max_new_tokens(4);
+  auto r = RunQuery(c, req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->chunk_misses(), 1);
+  EXPECT_EQ(r->chunk_hits(), 2);
+  EXPECT_EQ(r->chunk_keys(1), keys[1]);
+  EXPECT_GT(r->generated_tokens(), 0);
+  const std::string metrics = srv.Metrics();
+  const double corrupt_after = testing::PromValue(metrics, "infoflow_store_corrupt_total");
+  EXPECT_GE(corrupt_after, corrupt_before + 1) << metrics;
+  // The rewritten record now serves by key.
+  auto again = RunQuery(c, QueryKeys(keys));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->chunk_hits(), 3);
+  auto stats = c.Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_GE(stats->corrupt(), 1u);
+  EXPECT_EQ(srv.Stop(), 0) << srv.log();
+}
+
+// -------------------------------------------------------------- bad input
+
+TEST(BadInputTest, MalformedRequestsGetTheirCodeAndServerStaysHealthy) {
+  TempDir dir("bad");
+  ServerProcess srv(ServerBin(), ModelDir(), dir.path + "/kv", dir.path + "/server.log",
+                    {"--threads=1", "--store-sync=false", "--max-chunks=32",
+                     "--max-chunk-tokens=128", "--max-context-tokens=1024",
+                     "--max-new-tokens=64"});
+  std::string err;
+  ASSERT_TRUE(srv.Start(&err)) << err;
+  client::Client c = MakeClient(srv);
+  auto info = c.ModelInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  std::vector<std::string> keys;
+  {
+    v1::IngestRequest req;
+    for (int i = 0; i < 3; ++i) req.add_chunks()->set_text(ChunkText("k" + std::to_string(i), i));
+    auto resp = c.Ingest(req);
+    ASSERT_TRUE(resp.ok()) << resp.status();
+    for (const auto& r : resp->results()) keys.push_back(r.chunk_key());
+  }
+  auto good_query = [&] {
+    v1::QueryRequest q = QueryKeys(keys, v1::METHOD_INFOFLOW);
+    q.set_max_new_tokens(4);
+    return RunQuery(c, q);
+  };
+  ASSERT_TRUE(good_query().ok());
+  // Warm up the paths once so the RSS baseline includes them.
+  const int64_t rss_before = srv.RssKiB();
+
+  const std::string huge(65 << 20, 'a');  // over the 64 MiB receive limit
+  std::string long_text;
+  for (int i = 0; i < 300; ++i) long_text += "word" + std::to_string(i) + " ";
+  const double inf = std::numeric_limits<double>::infinity();
+  using Code = absl::StatusCode;
+  struct QCase {
+    const char* name;
+    std::function<void(v1::QueryRequest*)> mutate;
+    Code code;
+  };
+  const std::vector<QCase> qcases = {
+      {"unknown method 99", [](v1::QueryRequest* r) { r->set_method(static_cast<v1::Method>(99)); },
+       Code::kInvalidArgument},
+      {"negative method", [](v1::QueryRequest* r) { r->set_method(static_cast<v1::Method>(-3)); },
+       Code::kInvalidArgument},
+      {"unknown prefix_mode", [](v1::QueryRequest* r) { r->set_prefix_mode(static_cast<v1::PrefixMode>(42)); },
+       Code::kInvalidArgument},
+      {"ratio NaN", [](v1::QueryRequest* r) { r->mutable_ratio()->set_value(std::nan("")); },
+       Code::kInvalidArgument},
+      {"ratio negative", [](v1::QueryRequest* r) { r->mutable_ratio()->set_value(-0.25); },
+       Code::kInvalidArgument},
+      {"ratio +inf", [inf](v1::QueryRequest* r) { r->mutable_ratio()->set_value(inf); },
+       Code::kInvalidArgument},
+      {"empty question", [](v1::QueryRequest* r) { r->clear_question(); }, Code::kInvalidArgument},
+      {"question invalid UTF-8", [](v1::QueryRequest* r) { r->set_question("ok \xC0\xAF"); },
+       Code::kInvalidArgument},
+      {"template invalid UTF-8", [](v1::QueryRequest* r) { r->set_prompt_template("\xED\xA0\x80"); },
+       Code::kInvalidArgument},
+      {"chunk text invalid UTF-8", [](v1::QueryRequest* r) { r->add_chunks()->set_text("x\xF5\x80\x80\x80"); },
+       Code::kInvalidArgument},
+      {"chunk neither key nor text", [](v1::QueryRequest* r) { r->add_chunks(); },
+       Code::kInvalidArgument},
+      {"unknown key", [](v1::QueryRequest* r) { r->add_chunks()->set_key(std::string(64, 'e')); },
+       Code::kNotFound},
+      {"key not hex", [](v1::QueryRequest* r) { r->add_chunks()->set_key(std::string(64, 'z')); },
+       Code::kInvalidArgument},
+      {"key too short", [](v1::QueryRequest* r) { r->add_chunks()->set_key("abc123"); },
+       Code::kInvalidArgument},
+      {"10k chunks",
+       [](v1::QueryRequest* r) { for (int i = 0; i < 10000; ++i) r->add_chunks()->set_text("c"); },
+       Code::kInvalidArgument},
+      {"no chunks", [](v1::QueryRequest* r) { r->clear_chunks(); }, Code::kInvalidArgument},
+      {"chunk over max tokens", [&](v1::QueryRequest* r) { r->add_chunks()->set_text(long_text); },
+       Code::kInvalidArgument},
+      {"context over max tokens",
+       [&](v1::QueryRequest* r) {
+         std::string t;
+         for (int i = 0; i < 40; ++i) t += "w" + std::to_string(i) + " ";
+         for (int i = 0; i < 30; ++i) r->add_chunks()->set_text(t + std::to_string(i));
+       },
+       Code::kInvalidArgument},
+      {"huge max_new_tokens", [](v1::QueryRequest* r) { r->set_max_new_tokens(1 << 30); },
+       Code::kInvalidArgument},
+      {"negative max_new_tokens", [](v1::QueryRequest* r) { r->set_max_new_tokens(-1); },
+       Code::kInvalidArgument},
+      {"scoring layer 1000", [](v1::QueryRequest* r) { r->add_scoring_layers(1000); },
+       Code::kInvalidArgument},
+      {"scoring layer -1", [](v1::QueryRequest* r) { r->add_scoring_layers(-1); },
+       Code::kInvalidArgument},
+      {"negative lego_k", [](v1::QueryRequest* r) { r->set_lego_k(-4); }, Code::kInvalidArgument},
+      {"temperature NaN", [](v1::QueryRequest* r) { r->mutable_sampling()->set_temperature(std::nanf("")); },
+       Code::kInvalidArgument},
+      {"temperature negative", [](v1::QueryRequest* r) { r->mutable_sampling()->set_temperature(-1); },
+       Code::kInvalidArgument},
+      {"top_p > 1", [](v1::QueryRequest* r) { r->mutable_sampling()->set_top_p(2); },
+       Code::kInvalidArgument},
+      {"empty stop string", [](v1::QueryRequest* r) { r->add_stop(""); }, Code::kInvalidArgument},
+      {"wrong model name", [](v1::QueryRequest* r) { r->mutable_model()->set_name("gpt-17"); },
+       Code::kFailedPrecondition},
+      {"wrong fingerprint", [](v1::QueryRequest* r) { r->mutable_model()->set_fingerprint("00ff"); },
+       Code::kFailedPrecondition},
+      {"message over 64 MiB", [&](v1::QueryRequest* r) { r->set_question(huge); },
+       Code::kResourceExhausted},
+  };
+  int n_cases = 0;
+  for (const QCase& qc : qcases) {
+    SCOPED_TRACE(qc.name);
+    v1::QueryRequest req = QueryKeys(keys, v1::METHOD_INFOFLOW);
+    qc.mutate(&req);
+    auto r = RunQuery(c, req);
+    EXPECT_EQ(r.status().code(), qc.code) << qc.name << ": " << r.status();
+    ++n_cases;
+  }
+  struct ICase {
+    const char* name;
+    std::function<void(v1::IngestRequest*)> mutate;
+    Code code;
+  };
+  const std::vector<ICase> icases = {
+      {"ingest no chunks", [](v1::IngestRequest*) {}, Code::kInvalidArgument},
+      {"ingest 10k chunks",
+       [](v1::IngestRequest* r) { for (int i = 0; i < 10000; ++i) r->add_chunks()->set_text("c"); },
+       Code::kInvalidArgument},
+      {"ingest empty text", [](v1::IngestRequest* r) { r->add_chunks()->set_text(""); },
+       Code::kInvalidArgument},
+      {"ingest invalid UTF-8",
+       [](v1::IngestRequest* r) {
+         r->add_chunks()->set_text("fine text");
+         r->add_chunks()->set_text("bad \xFF tail");
+       },
+       Code::kInvalidArgument},
+      {"ingest oversized chunk", [&](v1::IngestRequest* r) { r->add_chunks()->set_text(long_text); },
+       Code::kInvalidArgument},
+      {"ingest unknown prefix_mode",
+       [](v1::IngestRequest* r) {
+         r->set_prefix_mode(static_cast<v1::PrefixMode>(9));
+         r->add_chunks()->set_text("hello");
+       },
+       Code::kInvalidArgument},
+      {"ingest wrong model",
+       [](v1::IngestRequest* r) {
+         r->mutable_model()->set_name("other");
+         r->add_chunks()->set_text("hello");
+       },
+       Code::kFailedPrecondition},
+      {"ingest over 64 MiB", [&](v1::IngestRequest* r) { r->add_chunks()->set_text(huge); },
+       Code::kResourceExhausted},
+  };
+  for (const ICase& ic : icases) {
+    SCOPED_TRACE(ic.name);
+    v1::IngestRequest req;
+    ic.mutate(&req);
+    auto r = c.Ingest(req);
+    EXPECT_EQ(r.status().code(), ic.code) << ic.name << ": " << r.status();
+    ++n_cases;
+  }
+  {  // Admin with a malformed key.
+    auto admin = v1::Admin::NewStub(srv.channel());
+    grpc::ClientContext ctx;
+    v1::DeleteChunkRequest del;
+    del.set_chunk_key("not-a-key");
+    v1::DeleteChunkResponse resp;
+    EXPECT_EQ(admin->DeleteChunk(&ctx, del, &resp).error_code(), grpc::INVALID_ARGUMENT);
+    grpc::ClientContext ctx2;
+    del.set_chunk_key(std::string(64, 'd'));
+    ASSERT_TRUE(admin->DeleteChunk(&ctx2, del, &resp).ok());
+    EXPECT_FALSE(resp.deleted());
+    n_cases += 2;
+  }
+  // Nothing bad was stored: still the three records.
+  auto stats = c.Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->records(), 3u);
+  // Alive, healthy, answers, RSS bounded (the 65 MiB messages must not stay).
+  EXPECT_TRUE(srv.Alive());
+  EXPECT_TRUE(srv.Healthy());
+  auto good = good_query();
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(good->chunk_hits(), 3);
+  const int64_t rss_after = srv.RssKiB();
+  std::printf("%d bad-input cases; server RSS %lld KiB -> %lld KiB\n", n_cases,
+              static_cast<long long>(rss_before), static_cast<long long>(rss_after));
+  EXPECT_GE(n_cases, 20);
+  EXPECT_LT(rss_after, rss_before + 64 * 1024) << "RSS grew by more than 64 MiB";
+  EXPECT_EQ(srv.Stop(), 0) << srv.log();
+}
+
+// ------------------------------------------------------------------- soak
+
+TEST(SoakTest, MixedLoadHasNoUnexpectedErrorsAndBoundedRss) {
+  const int seconds = std::max(4, EnvInt("INFOFLOW_SOAK_SECONDS", 20));
+  constexpr int kStreams = 16, kIngestStreams = 4;
+  TempDir dir("soak");
+  ServerProcess srv(ServerBin(), ModelDir(), dir.path + "/kv", dir.path + "/server.log",
+                    {"--threads=2", "--store-sync=false", "--workers=2", "--queue-depth=16",
+                     "--ram-bytes=16777216"});
+  std::string err;
+  ASSERT_TRUE(srv.Start(&err)) << err;
+  // A pool of stored chunks to query by key.
+  std::vector<std::string> pool_texts, pool_keys;
+  {
+    client::Client c = MakeClient(srv);
+    v1::IngestRequest req;
+    for (int i = 0; i < 32; ++i) {
+      pool_texts.push_back(ChunkText("pool" + std::to_string(i), 1000 + i));
+      req.add_chunks()->set_text(pool_texts.back());
+    }
+    auto resp = c.Ingest(req);
+    ASSERT_TRUE(resp.ok()) << resp.status();
+    for (const auto& r : resp->results()) pool_keys.push_back(r.chunk_key());
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const auto stop_at = start + std::chrono::seconds(seconds);
+  // Warm-up: the first 40% (RocksDB memtables, the RAM tier, gRPC threads
+  // and their malloc arenas reach their working size).
+  const auto warm_at = start + std::chrono::milliseconds(std::max(3000, seconds * 400));
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> ok_calls{0}, exhausted{0};
+  std::mutex mu;
+  std::map<std::string, int> unexpected;
+  auto count = [&](const absl::Status& s) {
+    if (s.ok()) ++ok_calls;
+    else if (absl::IsResourceExhausted(s)) ++exhausted;
+    else {
+      std::lock_guard<std::mutex> l(mu);
+      ++unexpected[s.ToString().substr(0, 160)];
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kStreams; ++t) {
+    threads.emplace_back([&, t] {
+      client::Client c = MakeClient(srv, 20000);
+      std::mt19937 rng(t);
+      int n = 0;
+      while (!stop.load() && std::chrono::steady_clock::now() < stop_at) {
+        ++n;
+        if (t < kIngestStreams) {
+          // Ingest: mostly known chunks (already present); new ones during
+          // warm-up only, so the store's own growth does not read as a leak.
+          v1::IngestRequest req;
+          const bool warming = std::chrono::steady_clock::now() < warm_at;
+          for (int i = 0; i < 4; ++i) {
+            if (warming && rng() % 4 == 0) {
+              req.add_chunks()->set_text(ChunkText("s" + std::to_string(t) + "n" + std::to_string(n) +
+                                                       "i" + std::to_string(i), rng()));
+            } else {
+              req.add_chunks()->set_text(pool_texts[rng() % pool_texts.size()]);
+            }
+          }
+          auto r = c.Ingest(req);
+          count(r.status());
+          if (r.ok()) {
+            for (const auto& res : r->results()) {
+              if (res.status() == v1::CHUNK_STATUS_ERROR) count(absl::InternalError(res.error()));
+            }
+          }
+          continue;
+        }
+        static const v1::Method kMethods[] = {v1::METHOD_INFOFLOW, v1::METHOD_FULL,
+                                              v1::METHOD_NONE, v1::METHOD_CACHEBLEND,
+                                              v1::METHOD_EPIC, v1::METHOD_RANDOM};
+        std::vector<std::string> keys;
+        const int k = 2 + static_cast<int>(rng() % 5);
+        for (int i = 0; i < k; ++i) keys.push_back(pool_keys[rng() % pool_keys.size()]);
+        v1::QueryRequest req = QueryKeys(keys, kMethods[rng() % 6]);
+        req.set_reorder(rng() % 2 == 0);
+        req.set_max_new_tokens(1 + static_cast<int>(rng() % 8));
+        if (rng() % 4 == 0) req.add_chunks()->set_text(pool_texts[rng() % pool_texts.size()]);
+        if (rng() % 5 == 0) req.mutable_sampling()->set_temperature(0.8f);
+        count(RunQuery(c, req).status());
+      }
+    });
+  }
+  // Sample RSS; the baseline is taken at the end of warm-up.
+  int64_t rss_warm = -1, rss_max_after = 0, rss_end = 0;
+  int samples = 0;
+  std::string timeline;  // MiB, once a second
+  while (std::chrono::steady_clock::now() < stop_at + std::chrono::seconds(30)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const int64_t rss = srv.RssKiB();
+    if (rss < 0) break;  // the server died
+    if (++samples % 5 == 0) timeline += " " + std::to_string(rss / 1024);
+    if (std::chrono::steady_clock::now() >= warm_at) {
+      if (rss_warm < 0) rss_warm = rss;
+      rss_max_after = std::max(rss_max_after, rss);
+      rss_end = rss;
+    }
+    if (std::chrono::steady_clock::now() >= stop_at) break;
+  }
+  stop = true;  // hard stop: calls carry a 20 s deadline
+  for (auto& th : threads) th.join();
+  ASSERT_TRUE(srv.Alive()) << srv.log().substr(0, 4000);
+  EXPECT_TRUE(srv.Healthy());
+  std::string errors;
+  for (const auto& [what, n] : unexpected) errors += std::to_string(n) + "x " + what + "\n";
+  EXPECT_TRUE(unexpected.empty()) << errors;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("soak %.1f s, %d streams: %lld ok calls (%.1f/s), %lld RESOURCE_EXHAUSTED; "
+              "RSS warm %lld KiB, end %lld KiB, max %lld KiB\n",
+              secs, kStreams, static_cast<long long>(ok_calls.load()), ok_calls.load() / secs,
+              static_cast<long long>(exhausted.load()), static_cast<long long>(rss_warm),
+              static_cast<long long>(rss_end), static_cast<long long>(rss_max_after));
+  std::printf("RSS MiB each second:%s\n", timeline.c_str());
+  EXPECT_GT(ok_calls.load(), kStreams);
+  ASSERT_GT(rss_warm, 0);
+  const int64_t allowed = std::max<int64_t>(rss_warm / 10, 30 * 1024);
+  EXPECT_LT(rss_end - rss_warm, allowed) << "RSS grew from " << rss_warm << " to " << rss_end << " KiB";
+  EXPECT_EQ(srv.Stop(), 0) << srv.log().substr(0, 4000);
+}
+
+}  // namespace
+}  // namespace infoflow
