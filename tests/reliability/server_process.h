@@ -89,13 +89,16 @@ class ServerProcess {
  public:
   // `args` are extra flags (e.g. "--workers=2"); --listen/--metrics-listen
   // and --data-dir are set here.
+  // `env` entries ("NAME=value") are added to this process's environment.
   ServerProcess(std::string binary, std::string model_dir, std::string data_dir,
-                std::string log_path, std::vector<std::string> args = {})
+                std::string log_path, std::vector<std::string> args = {},
+                std::vector<std::string> env = {})
       : binary_(std::move(binary)),
         model_dir_(std::move(model_dir)),
         data_dir_(std::move(data_dir)),
         log_(std::move(log_path)),
-        args_(std::move(args)) {}
+        args_(std::move(args)),
+        env_(std::move(env)) {}
   ~ServerProcess() { Kill(); }
   ServerProcess(const ServerProcess&) = delete;
   ServerProcess& operator=(const ServerProcess&) = delete;
@@ -113,6 +116,11 @@ class ServerProcess {
     std::vector<char*> argv;
     for (auto& a : argv_s) argv.push_back(a.data());
     argv.push_back(nullptr);
+    std::vector<std::string> env_s = env_;
+    for (char** e = environ; *e; ++e) env_s.push_back(*e);
+    std::vector<char*> envp;
+    for (auto& e : env_s) envp.push_back(e.data());
+    envp.push_back(nullptr);
     const int log_fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (log_fd < 0) {
       *error = "cannot open " + log_;
@@ -122,7 +130,7 @@ class ServerProcess {
     if (pid_ == 0) {
       dup2(log_fd, STDERR_FILENO);
       dup2(log_fd, STDOUT_FILENO);
-      execv(argv[0], argv.data());
+      execve(argv[0], argv.data(), envp.data());
       _exit(127);
     }
     close(log_fd);
@@ -192,7 +200,7 @@ class ServerProcess {
   }
 
   std::string binary_, model_dir_, data_dir_, log_;
-  std::vector<std::string> args_;
+  std::vector<std::string> args_, env_;
   pid_t pid_ = -1;
   int port_ = 0;
   int metrics_port_ = 0;
