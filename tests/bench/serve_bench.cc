@@ -1,0 +1,505 @@
+// serve_bench: end-to-end benchmark of infoflow-server through gRPC. Starts
+// the real server binary on 127.0.0.1:0 (RocksDB in a temp dir) and measures
+//
+//  1. TTFT vs context length for FULL, NONE, INFOFLOW r=0.15 (+ reorder),
+//     CACHEBLEND r=0.15 and EPIC k=4: median of --reps runs (after one
+//     warm-up), ratio to FULL from the same run, per-stage medians from the
+//     server's report, client-observed TTFT alongside;
+//  2. ingest throughput (tokens/s): gRPC Ingest vs in-process PrefillChunk on
+//     the same token lists;
+//  3. concurrency: QPS and p50/p95/p99 client TTFT at 1, 4, 16 streams.
+//
+//   serve_bench [--out DIR] [--contexts 1024,2048,4096,8192] [--reps 5]
+//               [--threads N] [--model DIR] [--chunk-tokens 512]
+//               [--streams 1,4,16] [--seconds 10] [--conc-context 1024]
+//               [--workers 2] [--server BIN]
+//
+// Without --model it writes the generated 6-layer, 512-wide LLaMA of
+// engine_bench (GQA 8/4, SwiGLU 1408, vocab 2048). Writes ttft_runs.csv,
+// ttft_summary.csv, ingest.csv, concurrency.csv and ttft.svg into --out.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/client.h"
+#include "engine/model.h"
+#include "engine/prefill.h"
+#include "engine/runtime.h"
+#include "engine/test_model.h"
+#include "engine/tokenizer.h"
+#include "tests/reliability/server_process.h"
+
+namespace infoflow {
+namespace {
+
+namespace fs = std::filesystem;
+namespace v1 = ::infoflow::v1;
+using Clock = std::chrono::steady_clock;
+
+double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+double Quantile(std::vector<double> v, double q) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  const double pos = q * (v.size() - 1);
+  const size_t lo = static_cast<size_t>(pos);
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - lo);
+}
+double Median(const std::vector<double>& v) { return Quantile(v, 0.5); }
+
+std::vector<int64_t> ParseList(const std::string& s) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(std::atoll(item.c_str()));
+  }
+  return out;
+}
+
+const char* kWords[] = {
+    "the",     "river",   "lamp",    "garden",   "copper",  "window", "orange",  "street",
+    "quiet",   "north",   "bridge",  "winter",   "letter",  "silver", "market",  "forest",
+    "engine",  "paper",   "yellow",  "harbor",   "candle",  "stone",  "village", "morning",
+    "teacher", "kitchen", "mountain", "story",   "little",  "green",  "happy",   "friend",
+    "walked",  "found",   "under",   "between",  "and",     "a",      "of",      "with"};
+
+std::string Words(int n, uint32_t seed) {
+  std::string t;
+  uint32_t x = seed * 2654435761u + 99u;
+  for (int i = 0; i < n; ++i) {
+    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+    if (i) t += (i % 17 == 16) ? ". " : " ";
+    t += kWords[x % (sizeof kWords / sizeof kWords[0])];
+  }
+  return t + ".";
+}
+
+struct MethodRow {
+  std::string name;
+  v1::Method method;
+  bool reorder;
+};
+
+struct Run {
+  double ttft_ms = 0, client_ms = 0;
+  v1::Report report;
+};
+
+absl::StatusOr<Run> QueryOnce(client::Client& c, const std::vector<std::string>& keys,
+                              const MethodRow& m, const std::string& question) {
+  v1::QueryRequest req;
+  for (const auto& k : keys) req.add_chunks()->set_key(k);
+  req.set_question(question);
+  req.set_prompt_template("\nQuestion: {question}\nAnswer:");
+  req.set_method(m.method);
+  req.mutable_ratio()->set_value(0.15);
+  req.set_reorder(m.reorder);
+  req.set_lego_k(4);
+  req.set_max_new_tokens(1);
+  req.set_return_report(true);
+  Run run;
+  const auto t0 = Clock::now();
+  bool first = true;
+  auto rep = c.Query(req, [&](const v1::TokenEvent&) {
+    if (first) run.client_ms = Ms(Clock::now() - t0);
+    first = false;
+  });
+  if (!rep.ok()) return rep.status();
+  run.report = *rep;
+  run.ttft_ms = rep->ttft_ms();
+  return run;
+}
+
+// Line chart of median TTFT vs context, one line per method, log-scale y.
+void WriteSvg(const std::string& path, const std::vector<int64_t>& contexts,
+              const std::vector<MethodRow>& methods,
+              const std::map<std::pair<int64_t, std::string>, double>& ttft) {
+  const double W = 760, H = 460, L = 70, R = 200, T = 40, B = 60;
+  double lo = 1e18, hi = 0;
+  for (const auto& [k, v] : ttft) {
+    if (v > 0) lo = std::min(lo, v), hi = std::max(hi, v);
+  }
+  if (hi <= 0) return;
+  const double ylo = std::pow(10, std::floor(std::log10(lo))), yhi = std::pow(10, std::ceil(std::log10(hi)));
+  const double xlo = std::log2(static_cast<double>(contexts.front()));
+  const double xhi = std::log2(static_cast<double>(contexts.back()));
+  auto X = [&](double c) {
+    return xhi > xlo ? L + (std::log2(c) - xlo) / (xhi - xlo) * (W - L - R) : L + (W - L - R) / 2;
+  };
+  auto Y = [&](double v) {
+    return T + (1 - (std::log10(v) - std::log10(ylo)) / (std::log10(yhi) - std::log10(ylo))) * (H - T - B);
+  };
+  const char* colors[] = {"#000000", "#999999", "#d62728", "#ff7f0e", "#1f77b4", "#2ca02c", "#9467bd"};
+  std::ofstream f(path);
+  f << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+    << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
+    << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    << "<text x=\"" << L << "\" y=\"24\" font-size=\"15\">infoflow-server TTFT vs context "
+       "(median, gRPC, server report)</text>\n";
+  for (double v = ylo; v <= yhi * 1.0001; v *= 10) {
+    for (int m = 1; m < 10; ++m) {
+      const double y = Y(v * m);
+      if (v * m > yhi * 1.0001) break;
+      f << "<line x1=\"" << L << "\" x2=\"" << W - R << "\" y1=\"" << y << "\" y2=\"" << y
+        << "\" stroke=\"" << (m == 1 ? "#ccc" : "#eee") << "\"/>\n";
+      if (m == 1) {
+        f << "<text x=\"" << L - 6 << "\" y=\"" << y + 4 << "\" text-anchor=\"end\">" << v
+          << "</text>\n";
+      }
+    }
+  }
+  for (int64_t c : contexts) {
+    f << "<line x1=\"" << X(c) << "\" x2=\"" << X(c) << "\" y1=\"" << T << "\" y2=\"" << H - B
+      << "\" stroke=\"#eee\"/>\n<text x=\"" << X(c) << "\" y=\"" << H - B + 18
+      << "\" text-anchor=\"middle\">" << c << "</text>\n";
+  }
+  f << "<text x=\"" << (L + W - R) / 2 << "\" y=\"" << H - 18
+    << "\" text-anchor=\"middle\">context tokens</text>\n"
+    << "<text transform=\"translate(18," << (T + H - B) / 2
+    << ") rotate(-90)\" text-anchor=\"middle\">TTFT ms (log)</text>\n"
+    << "<rect x=\"" << L << "\" y=\"" << T << "\" width=\"" << W - L - R << "\" height=\""
+    << H - T - B << "\" fill=\"none\" stroke=\"#333\"/>\n";
+  for (size_t i = 0; i < methods.size(); ++i) {
+    const char* col = colors[i % 7];
+    std::string pts;
+    for (int64_t c : contexts) {
+      auto it = ttft.find({c, methods[i].name});
+      if (it == ttft.end() || !(it->second > 0)) continue;
+      pts += std::to_string(X(c)) + "," + std::to_string(Y(it->second)) + " ";
+      f << "<circle cx=\"" << X(c) << "\" cy=\"" << Y(it->second) << "\" r=\"3\" fill=\"" << col
+        << "\"/>\n";
+    }
+    f << "<polyline points=\"" << pts << "\" fill=\"none\" stroke=\"" << col
+      << "\" stroke-width=\"2\"" << (methods[i].reorder ? " stroke-dasharray=\"6,3\"" : "")
+      << "/>\n";
+    const double ly = T + 10 + 20 * i;
+    f << "<line x1=\"" << W - R + 12 << "\" x2=\"" << W - R + 40 << "\" y1=\"" << ly << "\" y2=\""
+      << ly << "\" stroke=\"" << col << "\" stroke-width=\"2\""
+      << (methods[i].reorder ? " stroke-dasharray=\"6,3\"" : "") << "/>\n<text x=\""
+      << W - R + 46 << "\" y=\"" << ly + 4 << "\">" << methods[i].name << "</text>\n";
+  }
+  f << "</svg>\n";
+}
+
+int Main(int argc, char** argv) {
+  std::string out_dir = "serve_bench_out", model_dir, server_bin = INFOFLOW_SERVER_BIN;
+  std::vector<int64_t> contexts = {1024, 2048, 4096, 8192}, streams = {1, 4, 16};
+  int reps = 5, threads = 0, workers = 2;
+  int64_t chunk_tokens = 512, conc_context = 1024;
+  double seconds = 10;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    if (f == "--help" || f == "-h" || i + 1 >= argc) {
+      std::printf("usage: serve_bench [--out DIR] [--contexts 1024,2048,4096,8192] [--reps 5]\n"
+                  "  [--threads N] [--model DIR] [--chunk-tokens 512] [--streams 1,4,16]\n"
+                  "  [--seconds 10] [--conc-context 1024] [--workers 2] [--server BIN]\n");
+      return f == "--help" || f == "-h" ? 0 : 2;
+    }
+    const std::string v = argv[++i];
+    if (f == "--out") out_dir = v;
+    else if (f == "--contexts") contexts = ParseList(v);
+    else if (f == "--reps") reps = std::max(1, std::atoi(v.c_str()));
+    else if (f == "--threads") threads = std::atoi(v.c_str());
+    else if (f == "--model") model_dir = v;
+    else if (f == "--chunk-tokens") chunk_tokens = std::atoll(v.c_str());
+    else if (f == "--streams") streams = ParseList(v);
+    else if (f == "--seconds") seconds = std::atof(v.c_str());
+    else if (f == "--conc-context") conc_context = std::atoll(v.c_str());
+    else if (f == "--workers") workers = std::atoi(v.c_str());
+    else if (f == "--server") server_bin = v;
+    else {
+      std::fprintf(stderr, "serve_bench: unknown flag %s (see --help)\n", f.c_str());
+      return 2;
+    }
+  }
+  if (contexts.empty() || streams.empty()) return 2;
+  std::sort(contexts.begin(), contexts.end());
+  if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
+  InitTorchRuntime(threads);
+  fs::create_directories(out_dir);
+  if (model_dir.empty()) {
+    model_dir = (fs::temp_directory_path() / "infoflow-serve-bench-model").string();
+    TestModelSpec spec;
+    spec.hidden_size = 512;
+    spec.num_layers = 6;
+    spec.num_heads = 8;
+    spec.num_kv_heads = 4;
+    spec.intermediate_size = 1408;
+    spec.vocab_size = 2048;
+    spec.max_position_embeddings = 32768;
+    if (!fs::exists(model_dir + "/model.safetensors")) {
+      if (absl::Status s = WriteTestModel(model_dir, spec); !s.ok()) {
+        std::fprintf(stderr, "writing bench model: %s\n", s.ToString().c_str());
+        return 1;
+      }
+    }
+  }
+  const std::string data_dir = (fs::temp_directory_path() /
+                                ("infoflow-serve-bench-" + std::to_string(getpid()))).string();
+  fs::remove_all(data_dir);
+  fs::create_directories(data_dir);
+  const int64_t max_stream = *std::max_element(streams.begin(), streams.end());
+  testing::ServerProcess srv(
+      server_bin, model_dir, data_dir + "/kv", out_dir + "/server.log",
+      {"--threads=" + std::to_string(threads), "--workers=" + std::to_string(workers),
+       "--queue-depth=" + std::to_string(std::max<int64_t>(16, max_stream + 4)),
+       "--store-sync=false", "--max-chunks=1024", "--ram-bytes=" + std::to_string(2ull << 30),
+       "--max-chunk-tokens=" + std::to_string(std::max<int64_t>(2048, 2 * chunk_tokens)),
+       "--max-context-tokens=" + std::to_string(contexts.back() + 2 * chunk_tokens + 512)});
+  std::string err;
+  const auto start_t0 = Clock::now();
+  if (!srv.Start(&err, std::chrono::seconds(300))) {
+    std::fprintf(stderr, "serve_bench: %s\n", err.c_str());
+    return 1;
+  }
+  client::ClientOptions co;
+  co.address = srv.address();
+  client::Client c(co);
+  auto info = c.ModelInfo();
+  if (!info.ok()) {
+    std::fprintf(stderr, "serve_bench: %s\n", info.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("server %s (pid %d, started in %.0f ms): model %s, %d layers, %s on %s; "
+              "torch threads %d, workers %d\n",
+              srv.address().c_str(), srv.pid(), Ms(Clock::now() - start_t0),
+              info->name().c_str(), info->n_layers(), info->dtype().c_str(),
+              info->device().c_str(), threads, workers);
+
+  // ---- chunks: about chunk_tokens tokens each, enough for the largest context.
+  auto tok = Tokenizer::FromFile(model_dir + "/tokenizer.json");
+  if (!tok.ok()) {
+    std::fprintf(stderr, "%s\n", tok.status().ToString().c_str());
+    return 1;
+  }
+  const double tokens_per_word =
+      static_cast<double>((*tok)->Encode(Words(400, 7)).size()) / 400.0;
+  const int words = std::max(8, static_cast<int>(chunk_tokens / tokens_per_word));
+  std::vector<std::string> texts;
+  std::vector<std::vector<int32_t>> ids;
+  int64_t pool_tokens = 0;
+  const int64_t need = std::max(contexts.back(), conc_context) + chunk_tokens;
+  for (uint32_t i = 0; pool_tokens < need; ++i) {
+    texts.push_back(Words(words, 1000 + i));
+    ids.push_back((*tok)->Encode(texts.back()));
+    pool_tokens += static_cast<int64_t>(ids.back().size());
+  }
+
+  // ---- 2. ingest throughput: gRPC (tokenize + prefill + store) vs in-process PrefillChunk.
+  {
+    v1::IngestRequest warm;
+    warm.add_chunks()->set_text(Words(words, 1));
+    if (auto r = c.Ingest(warm); !r.ok()) {
+      std::fprintf(stderr, "warm-up ingest: %s\n", r.status().ToString().c_str());
+      return 1;
+    }
+  }
+  std::vector<std::string> keys;
+  int64_t grpc_tokens = 0;
+  const auto ig0 = Clock::now();
+  for (size_t i = 0; i < texts.size(); i += 4) {
+    v1::IngestRequest req;
+    for (size_t j = i; j < std::min(texts.size(), i + 4); ++j) req.add_chunks()->set_text(texts[j]);
+    auto r = c.Ingest(req);
+    if (!r.ok()) {
+      std::fprintf(stderr, "ingest: %s\n", r.status().ToString().c_str());
+      return 1;
+    }
+    for (const auto& res : r->results()) {
+      if (res.status() == v1::CHUNK_STATUS_ERROR) {
+        std::fprintf(stderr, "ingest: %s\n", res.error().c_str());
+        return 1;
+      }
+      keys.push_back(res.chunk_key());
+      grpc_tokens += res.n_tokens();
+    }
+  }
+  const double grpc_ms = Ms(Clock::now() - ig0);
+  double inproc_ms = 0;
+  int64_t inproc_tokens = 0;
+  {
+    LoadOptions lo;
+    lo.device = info->device().rfind("cuda", 0) == 0 ? info->device() : "cpu";
+    auto model = Model::Load(model_dir, lo);
+    if (!model.ok()) {
+      std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
+      return 1;
+    }
+    (void)PrefillChunk(**model, ids[0], PrefixMode::kBos);  // warm-up
+    const auto t0 = Clock::now();
+    for (const auto& one : ids) {
+      auto kv = PrefillChunk(**model, one, PrefixMode::kBos);
+      if (!kv.ok()) return 1;
+      inproc_tokens += static_cast<int64_t>(one.size());
+    }
+    inproc_ms = Ms(Clock::now() - t0);
+  }
+  std::printf("\ningest %zu chunks, %lld tokens (~%lld tokens/chunk):\n", texts.size(),
+              static_cast<long long>(grpc_tokens), static_cast<long long>(grpc_tokens / texts.size()));
+  std::printf("  gRPC Ingest (batches of 4, tokenize+prefill+store): %8.0f tokens/s (%.0f ms)\n",
+              grpc_tokens / (grpc_ms / 1e3), grpc_ms);
+  std::printf("  in-process PrefillChunk:                            %8.0f tokens/s (%.0f ms)\n",
+              inproc_tokens / (inproc_ms / 1e3), inproc_ms);
+  std::printf("  gRPC / in-process: %.2f\n", (grpc_tokens / grpc_ms) / (inproc_tokens / inproc_ms));
+  {
+    std::ofstream f(out_dir + "/ingest.csv");
+    f << "path,chunks,tokens,ms,tokens_per_s\n"
+      << "grpc," << texts.size() << "," << grpc_tokens << "," << grpc_ms << ","
+      << grpc_tokens / (grpc_ms / 1e3) << "\n"
+      << "inprocess," << ids.size() << "," << inproc_tokens << "," << inproc_ms << ","
+      << inproc_tokens / (inproc_ms / 1e3) << "\n";
+  }
+
+  // ---- 1. TTFT vs context.
+  const std::vector<MethodRow> methods = {
+      {"FULL", v1::METHOD_FULL, false},
+      {"NONE", v1::METHOD_NONE, false},
+      {"INFOFLOW r=0.15", v1::METHOD_INFOFLOW, false},
+      {"INFOFLOW+reorder", v1::METHOD_INFOFLOW, true},
+      {"CACHEBLEND r=0.15", v1::METHOD_CACHEBLEND, false},
+      {"EPIC k=4", v1::METHOD_EPIC, false},
+  };
+  const std::string question = "Which village is north of the copper bridge?";
+  auto keys_for = [&](int64_t context) {
+    std::vector<std::string> k;
+    int64_t n = 0;
+    for (size_t i = 0; i < keys.size() && n < context; ++i) {
+      k.push_back(keys[i]);
+      n += static_cast<int64_t>(ids[i].size());
+    }
+    return k;
+  };
+  std::ofstream runs_csv(out_dir + "/ttft_runs.csv");
+  runs_csv << "context_target,context_tokens,method,run,ttft_ms,client_ttft_ms,fetch_ms,"
+              "reposition_ms,score_ms,select_ms,reorder_ms,recompute_ms,prompt_ms,"
+              "first_token_ms,recomputed_tokens\n";
+  std::ofstream sum_csv(out_dir + "/ttft_summary.csv");
+  sum_csv << "context_target,context_tokens,method,reps,ttft_ms_median,ratio_to_full,"
+             "client_ttft_ms_median,fetch_ms,reposition_ms,score_ms,select_ms,reorder_ms,"
+             "recompute_ms,prompt_ms,first_token_ms,recomputed_tokens\n";
+  std::map<std::pair<int64_t, std::string>, double> ttft_median;
+  for (int64_t context : contexts) {
+    const std::vector<std::string> k = keys_for(context);
+    std::printf("\ncontext %lld (target) in %zu chunks, median of %d (+1 warm-up), max_new_tokens 1\n",
+                static_cast<long long>(context), k.size(), reps);
+    std::printf("%-18s %7s %9s %8s %9s | %7s %7s %7s %7s %7s %9s %7s %7s | %6s\n", "method", "ctx",
+                "TTFT ms", "vs FULL", "client", "fetch", "repos", "score", "select", "reordr",
+                "recompute", "prompt", "1st tok", "recomp");
+    double full = NAN;
+    for (const MethodRow& m : methods) {
+      std::vector<double> ttft, client_ms;
+      std::vector<std::vector<double>> stages(9);
+      int64_t ctx_tokens = 0, recomputed = 0;
+      for (int r = -1; r < reps; ++r) {
+        auto run = QueryOnce(c, k, m, question);
+        if (!run.ok()) {
+          std::fprintf(stderr, "%s at %lld: %s\n", m.name.c_str(), static_cast<long long>(context),
+                       run.status().ToString().c_str());
+          return 1;
+        }
+        if (r < 0) continue;  // warm-up
+        const v1::StageTimings& s = run->report.stages();
+        const double st[9] = {s.fetch_ms(),  s.reposition_ms(), s.score_ms(),
+                              s.select_ms(), s.reorder_ms(),    s.recompute_ms(),
+                              s.prompt_ms(), s.first_token_ms(), 0};
+        for (int i = 0; i < 8; ++i) stages[i].push_back(st[i]);
+        ttft.push_back(run->ttft_ms);
+        client_ms.push_back(run->client_ms);
+        ctx_tokens = run->report.context_tokens();
+        recomputed = run->report.recomputed_tokens();
+        runs_csv << context << "," << ctx_tokens << "," << m.name << "," << r << ","
+                 << run->ttft_ms << "," << run->client_ms;
+        for (int i = 0; i < 8; ++i) runs_csv << "," << st[i];
+        runs_csv << "," << recomputed << "\n";
+      }
+      const double med = Median(ttft);
+      if (m.method == v1::METHOD_FULL) full = med;
+      ttft_median[{context, m.name}] = med;
+      std::printf("%-18s %7lld %9.1f %8.3f %9.1f | %7.1f %7.1f %7.1f %7.1f %7.1f %9.1f %7.1f %7.1f | %6lld\n",
+                  m.name.c_str(), static_cast<long long>(ctx_tokens), med, med / full,
+                  Median(client_ms), Median(stages[0]), Median(stages[1]), Median(stages[2]),
+                  Median(stages[3]), Median(stages[4]), Median(stages[5]), Median(stages[6]),
+                  Median(stages[7]), static_cast<long long>(recomputed));
+      sum_csv << context << "," << ctx_tokens << "," << m.name << "," << reps << "," << med << ","
+              << med / full << "," << Median(client_ms);
+      for (int i = 0; i < 8; ++i) sum_csv << "," << Median(stages[i]);
+      sum_csv << "," << recomputed << "\n";
+    }
+  }
+  WriteSvg(out_dir + "/ttft.svg", contexts, methods, ttft_median);
+
+  // ---- 3. concurrency: INFOFLOW r=0.15 at conc_context, client TTFT.
+  std::ofstream conc_csv(out_dir + "/concurrency.csv");
+  conc_csv << "streams,seconds,completed,resource_exhausted,errors,qps,p50_ms,p95_ms,p99_ms,"
+              "server_ttft_p50_ms\n";
+  const std::vector<std::string> ck = keys_for(conc_context);
+  std::printf("\nconcurrency: INFOFLOW r=0.15, context %lld, max_new_tokens 1, %.0f s per level, "
+              "server --workers %d\n",
+              static_cast<long long>(conc_context), seconds, workers);
+  std::printf("%8s %9s %8s %6s %8s %9s %9s %9s %11s\n", "streams", "completed", "exhausted",
+              "errors", "QPS", "p50 ms", "p95 ms", "p99 ms", "server p50");
+  for (int64_t n : streams) {
+    std::mutex mu;
+    std::vector<double> lat, server_ttft;
+    std::atomic<int64_t> exhausted{0}, errors{0};
+    const auto t0 = Clock::now();
+    const auto until = t0 + std::chrono::duration_cast<Clock::duration>(
+                                std::chrono::duration<double>(seconds));
+    std::vector<std::thread> th;
+    for (int64_t s = 0; s < n; ++s) {
+      th.emplace_back([&] {
+        client::ClientOptions o = co;
+        o.timeout_ms = 120000;
+        client::Client cc(o);
+        while (Clock::now() < until) {
+          auto r = QueryOnce(cc, ck, methods[2], question);
+          if (r.ok()) {
+            std::lock_guard<std::mutex> l(mu);
+            lat.push_back(r->client_ms);
+            server_ttft.push_back(r->ttft_ms);
+          } else if (absl::IsResourceExhausted(r.status())) {
+            ++exhausted;
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          } else {
+            ++errors;
+          }
+        }
+      });
+    }
+    for (auto& t : th) t.join();
+    const double secs = Ms(Clock::now() - t0) / 1e3;
+    const double qps = lat.size() / secs;
+    std::printf("%8lld %9zu %8lld %6lld %8.2f %9.1f %9.1f %9.1f %11.1f\n", static_cast<long long>(n),
+                lat.size(), static_cast<long long>(exhausted.load()),
+                static_cast<long long>(errors.load()), qps, Quantile(lat, 0.5),
+                Quantile(lat, 0.95), Quantile(lat, 0.99), Quantile(server_ttft, 0.5));
+    conc_csv << n << "," << secs << "," << lat.size() << "," << exhausted.load() << ","
+             << errors.load() << "," << qps << "," << Quantile(lat, 0.5) << ","
+             << Quantile(lat, 0.95) << "," << Quantile(lat, 0.99) << ","
+             << Quantile(server_ttft, 0.5) << "\n";
+  }
+  const int rc = srv.Stop();
+  fs::remove_all(data_dir);
+  std::printf("\nwrote %s/{ttft_runs.csv,ttft_summary.csv,ingest.csv,concurrency.csv,ttft.svg}\n",
+              out_dir.c_str());
+  return rc == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace infoflow
+
+int main(int argc, char** argv) { return infoflow::Main(argc, argv); }
