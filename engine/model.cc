@@ -49,8 +49,11 @@ std::pair<at::Tensor, at::Tensor> Model::RopeTables(const at::Tensor& positions)
 }
 
 at::Tensor Model::Rotate(const at::Tensor& k, const at::Tensor& positions) const {
-  auto [cos, sin] = RopeTables(positions.to(device_));
-  return ApplyRope(k, cos, sin);
+  return Rotate(k, RopeTables(positions.to(device_)));
+}
+
+at::Tensor Model::Rotate(const at::Tensor& k, const std::pair<at::Tensor, at::Tensor>& rope) {
+  return ApplyRope(k, rope.first, rope.second);
 }
 
 at::Tensor Model::Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -126,6 +126,8 @@ class Model {
   // Applies RoPE at `positions` to k ([n_heads, T, hd]); used to place
   // pre-RoPE stored keys at global positions.
   at::Tensor Rotate(const at::Tensor& k, const at::Tensor& positions) const;
+  // Same with tables from RopeTables (reuse them across layers).
+  static at::Tensor Rotate(const at::Tensor& k, const std::pair<at::Tensor, at::Tensor>& rope);
 
   // Softmax attention of q [H, q, hd] over k, v [Hkv, N, hd] where query i
   // sees key j iff k_pos[j] <= q_pos[i]. With `keys_sorted` (k_pos

@@ -56,8 +56,9 @@ at::Tensor RepositionKeys(const Model& model, const at::Tensor& unrotated_keys,
 void AppendChunkAt(const Model& model, const ChunkKv& chunk, int64_t offset, KvCache* cache) {
   at::Tensor positions = PositionRange(model, offset, chunk.size());
   const int64_t first = cache->AppendPositions(positions);
+  const auto rope = model.RopeTables(positions);  // shared by every layer
   for (int l = 0; l < model.n_layers(); ++l) {
-    cache->WriteRange(l, first, RepositionKeys(model, chunk.k[l].to(model.device()), positions),
+    cache->WriteRange(l, first, Model::Rotate(chunk.k[l].to(model.device()), rope),
                       chunk.v[l].to(model.device()));
   }
 }
