@@ -189,8 +189,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJsonString(std::string
                             ? root["added_tokens"]
                             : empty_array;
     for (const json& a : added) max_id = std::max<int64_t>(max_id, a.at("id").get<int64_t>());
-    if (max_id < 0 || max_id > (1 << 30)) {
-      return absl::InvalidArgumentError("vocab is empty or has out-of-range ids");
+    // Ids are dense in real files; a bound tied to the entry count keeps a
+    // tiny hostile file from allocating gigabytes (found by tokenizer_fuzz).
+    const int64_t entries = static_cast<int64_t>(vocab.size() + added.size());
+    if (max_id < 0 || max_id >= 4 * entries + 1024) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "vocab is empty or has out-of-range ids (max id ", max_id, " for ", entries, " entries)"));
     }
     tok->id_to_token_.resize(max_id + 1);
     tok->special_.assign(max_id + 1, false);
@@ -505,6 +509,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJsonString(std::string
                   absl::StrCat("template token ", name, " is not in vocab"));
             }
             ids.push_back(it->second);
+          }
+          for (int32_t id : ids) {
+            if (id < 0 || id >= static_cast<int32_t>(tok->id_to_token_.size())) {
+              return absl::InvalidArgumentError(
+                  absl::StrCat("post_processor token ", name, " has out-of-range id ", id));
+            }
           }
           auto& dst = seen_a ? tok->suffix_ids_ : tok->prefix_ids_;
           dst.insert(dst.end(), ids.begin(), ids.end());

@@ -466,3 +466,30 @@ TEST(BpeTrainer, RejectsBadArguments) {
 
 }  // namespace
 }  // namespace infoflow
+
+namespace infoflow {
+namespace {
+
+// Reproducers found by engine/fuzz/tokenizer_fuzz.cc (tests/fuzz/crashes/).
+TEST(Tokenizer, RejectsFuzzerReproducers) {
+  for (const char* name : {"tokenizer_huge_vocab_id_oom.json",
+                           "tokenizer_post_processor_id_out_of_range.json"}) {
+    std::ifstream in(std::string(INFOFLOW_SOURCE_DIR "/tests/fuzz/crashes/") + name,
+                     std::ios::binary);
+    ASSERT_TRUE(in) << name;
+    std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto tok = Tokenizer::FromJsonString(json);
+    if (tok.ok()) {
+      // If it loads, every id it produces must be in range.
+      for (int32_t id : (*tok)->Encode("ab", /*add_special=*/true)) {
+        EXPECT_GE(id, 0);
+        EXPECT_LT(id, (*tok)->vocab_size());
+      }
+    } else {
+      EXPECT_EQ(tok.status().code(), absl::StatusCode::kInvalidArgument) << name;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace infoflow
