@@ -8,6 +8,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "cache_store/chunk_key.h"
 
 namespace infoflow::client {
 namespace v1 = ::infoflow::v1;
@@ -77,10 +78,23 @@ absl::Status Client::IngestStream(const std::vector<v1::IngestRequest>& batches,
   return FromGrpc(stream->Finish());
 }
 
+std::string ChunkSetHash(const v1::QueryRequest& request) {
+  std::string material;
+  for (const v1::QueryChunk& c : request.chunks()) {
+    // Length-prefixed so that no two chunk lists share an encoding.
+    const std::string& part = c.has_key() ? c.key() : c.text();
+    absl::StrAppend(&material, c.has_key() ? "k" : "t", part.size(), ":", part);
+  }
+  return store::Sha256Hex(material).substr(0, 16);
+}
+
 absl::StatusOr<v1::Report> Client::Query(const v1::QueryRequest& request,
                                          const std::function<void(const v1::TokenEvent&)>& on_token) {
   grpc::ClientContext ctx;
   Prepare(&ctx);
+  // Routing key for consistent-hash load balancing (deploy/README.md): the
+  // same chunk set always reaches the pod whose RAM tier holds it.
+  ctx.AddMetadata("x-infoflow-chunkset", ChunkSetHash(request));
   auto reader = query_->Query(&ctx, request);
   v1::QueryResponse msg;
   v1::Report report;

@@ -24,6 +24,11 @@ struct ClientOptions {
 // Reads a bearer token from `path` (surrounding whitespace stripped).
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 
+// Hex hash of a query's chunk list (keys and texts, in order), sent as the
+// `x-infoflow-chunkset` header so a consistent-hash proxy routes equal chunk
+// sets to the same replica.
+std::string ChunkSetHash(const ::infoflow::v1::QueryRequest& request);
+
 class Client {
  public:
   explicit Client(const ClientOptions& options);
