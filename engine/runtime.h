@@ -6,7 +6,9 @@
 
 namespace infoflow {
 
-// Sets torch's intra-op CPU threads (0 = all cores). Must run before the
+// Sets torch's intra-op CPU threads (0 = auto: 1 when the loaded BLAS is
+// OpenBLAS, whose own threads already use every core for the matmuls; else
+// all cores). Must run before the
 // first oneDNN op: raising it later leaves bf16 kernels slow. Idempotent.
 void InitTorchRuntime(int threads = 0);
 
