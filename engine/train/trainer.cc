@@ -1,4 +1,5 @@
 #include "engine/train/trainer.h"
+#include "engine/test_model.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -125,22 +126,22 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& opt
   t->bos_ = *t->tokenizer_->TokenToId("<s>");
   t->eos_ = *t->tokenizer_->TokenToId("</s>");
 
+  // The same config builder the generated test models use; the trainer
+  // keeps its own eps (the shipped checkpoint was trained with 1e-5).
+  TestModelSpec spec;
+  spec.vocab_size = o.vocab;
+  spec.hidden_size = o.hidden;
+  spec.num_layers = o.layers;
+  spec.num_heads = o.heads;
+  spec.num_kv_heads = o.kv_heads;
+  spec.intermediate_size = o.ffn;
+  spec.max_position_embeddings = std::max(4096, o.seq_len);
+  spec.rope_theta = o.rope_theta;
   ModelConfig& c = t->config_;
-  c.model_type = "llama";
-  c.vocab_size = o.vocab;
-  c.hidden_size = o.hidden;
-  c.intermediate_size = o.ffn;
-  c.num_hidden_layers = o.layers;
-  c.num_attention_heads = o.heads;
-  c.num_key_value_heads = o.kv_heads;
-  c.head_dim = o.hidden / o.heads;
+  c = TestModelConfig(spec);
   c.rms_norm_eps = 1e-5;
-  c.rope_theta = o.rope_theta;
-  c.max_position_embeddings = std::max(4096, o.seq_len);
-  c.tie_word_embeddings = false;
   c.bos_token_id = t->bos_;
   c.eos_token_ids = {t->eos_};
-  c.torch_dtype = "float32";
   t->InitWeights();
   return t;
 }
