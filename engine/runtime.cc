@@ -1,6 +1,7 @@
 #include "engine/runtime.h"
 
 #include <ATen/Parallel.h>
+#include <dlfcn.h>
 #include <malloc.h>
 
 #include <cstdio>
@@ -32,18 +33,31 @@ bool UsingReferenceBlas() {
          blas.find("blis") == std::string::npos && blas.find("mkl") == std::string::npos;
 }
 
+bool SetBlasThreads(int threads) {
+  using SetFn = void (*)(int);
+  auto set = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (set == nullptr || threads <= 0) return false;
+  set(threads);
+  return true;
+}
+
 void InitTorchRuntime(int threads) {
   static std::once_flag once;
   std::call_once(once, [threads] {
-    // Auto: OpenBLAS (pthread build) already runs every matmul on all cores
-    // with its own spinning threads; torch's OpenMP pool on the same cores
-    // then fights it. One intra-op thread measured 1.75x faster prefill on 2
-    // cores (engine_bench: 1033 vs 1804 ms for 2048 tokens).
-    const int n = threads > 0                               ? threads
-                  : LoadedBlasLibrary().find("openblas") != std::string::npos
-                      ? 1
-                      : static_cast<int>(std::thread::hardware_concurrency());
-    at::set_num_threads(std::max(1, n));
+    // OpenBLAS (pthread build) runs every matmul on its own spinning
+    // threads; torch's OpenMP pool on the same cores then fights it. One
+    // intra-op thread measured 1.75x faster prefill on 2 cores (engine_bench:
+    // 1033 vs 1804 ms for 2048 tokens). So with OpenBLAS, `threads` cores
+    // means: OpenBLAS gets `threads` threads (auto: its default, every core),
+    // torch keeps one. Without OpenBLAS, torch gets them.
+    const bool openblas = LoadedBlasLibrary().find("openblas") != std::string::npos;
+    if (openblas) {
+      if (threads > 0) SetBlasThreads(threads);
+      at::set_num_threads(1);
+    } else {
+      at::set_num_threads(threads > 0 ? threads
+                                      : static_cast<int>(std::thread::hardware_concurrency()));
+    }
     // Activations of tens of MB are allocated and freed per layer; by default
     // glibc serves them with fresh mmaps and returns them at once, and the
     // page faults cost more than the math (measured: several x on prefill).

@@ -6,11 +6,16 @@
 
 namespace infoflow {
 
-// Sets torch's intra-op CPU threads (0 = auto: 1 when the loaded BLAS is
-// OpenBLAS, whose own threads already use every core for the matmuls; else
-// all cores). Must run before the
-// first oneDNN op: raising it later leaves bf16 kernels slow. Idempotent.
+// Sets how many CPU cores the math uses (0 = all). With OpenBLAS loaded its
+// threads do the matmuls on `threads` cores and torch's intra-op pool keeps
+// one thread (the two pools on the same cores fight); otherwise torch's pool
+// gets `threads`. Must run before the first oneDNN op: raising it later
+// leaves bf16 kernels slow. Idempotent (the first call wins).
 void InitTorchRuntime(int threads = 0);
+
+// openblas_set_num_threads(threads) when OpenBLAS is loaded; false (and
+// nothing done) otherwise or for threads <= 0.
+bool SetBlasThreads(int threads);
 
 // Path of the libblas.so.3 this process really loaded (symlinks resolved),
 // or "" if none is mapped.
