@@ -90,7 +90,8 @@ absl::StatusOr<IngestOutcome> ChunkResolver::Ingest(std::string_view text, Prefi
 }
 
 absl::StatusOr<ResolvedChunks> ChunkResolver::Resolve(const std::vector<ChunkRef>& refs,
-                                                      PrefixMode mode) const {
+                                                      PrefixMode mode,
+                                                      int64_t max_context_tokens) const {
   ResolvedChunks out;
   out.chunks.resize(refs.size());
   out.keys_hex.resize(refs.size());
@@ -129,11 +130,30 @@ absl::StatusOr<ResolvedChunks> ChunkResolver::Resolve(const std::vector<ChunkRef
     return absl::NotFoundError(
         absl::StrCat("chunks: ", missing.size(), " key(s) not stored: ", absl::StrJoin(missing, ", ")));
   }
+  // Tokenize every text first: a query over the context limit is refused
+  // before anything is prefilled or stored.
+  std::vector<std::vector<int32_t>> text_ids(refs.size());
+  int64_t total = 0;
+  for (size_t i = 0; i < refs.size(); ++i) {
+    if (refs[i].by_key) {
+      total += out.chunks[i]->size();
+      continue;
+    }
+    absl::StatusOr<std::vector<int32_t>> ids =
+        ChunkTokens(refs[i].text, absl::StrCat("chunks[", i, "].text"));
+    if (!ids.ok()) return ids.status();
+    total += static_cast<int64_t>(ids->size());
+    text_ids[i] = *std::move(ids);
+  }
+  if (total > max_context_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("chunks: context of ", total,
+                                                   " tokens is over the limit of ",
+                                                   max_context_tokens, " (--max-context-tokens)"));
+  }
   for (size_t i = 0; i < refs.size(); ++i) {
     if (refs[i].by_key) continue;
     const std::string field = absl::StrCat("chunks[", i, "].text");
-    absl::StatusOr<std::vector<int32_t>> ids = ChunkTokens(refs[i].text, field);
-    if (!ids.ok()) return ids.status();
+    const std::vector<int32_t>* ids = &text_ids[i];
     const store::ChunkKey key = ChunkKeyFor(*model_, *ids, mode);
     out.keys_hex[i] = key.Hex();
     absl::StatusOr<store::GetResult> res =

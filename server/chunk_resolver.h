@@ -73,8 +73,11 @@ class ChunkResolver {
 
   // Fetches every chunk of a query. NotFound listing every key that is
   // neither stored nor given as text; InvalidArgument for malformed keys or
-  // bad texts; FailedPrecondition for records of another model.
-  absl::StatusOr<ResolvedChunks> Resolve(const std::vector<ChunkRef>& refs, PrefixMode mode) const;
+  // bad texts, and for a context over `max_context_tokens` (checked before
+  // any text is prefilled, so a refused query stores nothing);
+  // FailedPrecondition for records of another model.
+  absl::StatusOr<ResolvedChunks> Resolve(const std::vector<ChunkRef>& refs, PrefixMode mode,
+                                         int64_t max_context_tokens = INT64_MAX) const;
 
   // Tokens of `text` under the served tokenizer (no specials).
   std::vector<int32_t> Tokenize(std::string_view text) const;

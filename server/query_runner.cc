@@ -34,7 +34,7 @@ QueryRunner::QueryRunner(const Model* model, const Tokenizer* tokenizer,
 absl::StatusOr<QueryOutcome> QueryRunner::Run(const QuerySpec& spec, const TokenSink& sink) const {
   const auto t0 = std::chrono::steady_clock::now();
   QueryOutcome out;
-  absl::StatusOr<ResolvedChunks> resolved = resolver_->Resolve(spec.chunks, spec.prefix_mode);
+  absl::StatusOr<ResolvedChunks> resolved = resolver_->Resolve(spec.chunks, spec.prefix_mode, max_context_tokens_);
   if (!resolved.ok()) return resolved.status();
   out.fetch_ms = MsSince(t0);
   out.chunk_hits = resolved->hits;
