@@ -8,8 +8,10 @@
 //    counted by infoflow_store_corrupt_total on /metrics.
 //  * BadInputTest: a table of malformed requests, each with its status code;
 //    afterwards the server is alive, answers, and its RSS did not balloon.
-//  * SoakTest: 16 streams of mixed queries and ingests for
-//    INFOFLOW_SOAK_SECONDS (default 20): no unexpected errors, bounded RSS.
+//  * SoakTest: INFOFLOW_SOAK_STREAMS (default 32) concurrent Query streams
+//    plus a bidi IngestStream and a unary Ingest caller, for
+//    INFOFLOW_SOAK_SECONDS (default 60): no errors but RESOURCE_EXHAUSTED,
+//    RSS growth after warm-up < 10%.
 #include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
 
@@ -487,13 +489,11 @@ TEST(BadInputTest, MalformedRequestsGetTheirCodeAndServerStaysHealthy) {
     auto r = RunQuery(c, req);
     EXPECT_NE(r.status().message().find("context of"), std::string::npos) << r.status();
   }
-  // Nothing malformed was stored: the three records, plus at most the 25
-  // valid text chunks of the over-context query (the server prefills and
-  // stores text chunks before it checks --max-context-tokens).
+  // Nothing was stored: the three records only. The over-context query's
+  // valid text chunks are refused before any prefill.
   auto stats = c.Stats();
   ASSERT_TRUE(stats.ok()) << stats.status();
-  EXPECT_GE(stats->records(), 3u);
-  EXPECT_LE(stats->records(), 3u + 25u);
+  EXPECT_EQ(stats->records(), 3u);
   std::printf("records after the table: %llu\n", static_cast<unsigned long long>(stats->records()));
   // Alive, healthy, answers, RSS bounded (the 65 MiB messages must not stay).
   EXPECT_TRUE(srv.Alive());
@@ -515,8 +515,10 @@ TEST(BadInputTest, MalformedRequestsGetTheirCodeAndServerStaysHealthy) {
 // ------------------------------------------------------------------- soak
 
 TEST(SoakTest, MixedLoadHasNoUnexpectedErrorsAndBoundedRss) {
-  const int seconds = std::max(4, EnvInt("INFOFLOW_SOAK_SECONDS", 20));
-  constexpr int kStreams = 16, kIngestStreams = 4;
+  const int seconds = std::max(4, EnvInt("INFOFLOW_SOAK_SECONDS", 60));
+  const int kQueryStreams = std::max(1, EnvInt("INFOFLOW_SOAK_STREAMS", 32));
+  // Two more callers: unary Ingest and a bidi IngestStream.
+  const int kStreams = kQueryStreams + 2;
   TempDir dir("soak");
   ServerProcess srv(ServerBin(), ModelDir(), dir.path + "/kv", dir.path + "/server.log",
                     {"--threads=2", "--store-sync=false", "--workers=2", "--queue-depth=16",
@@ -548,8 +550,11 @@ TEST(SoakTest, MixedLoadHasNoUnexpectedErrorsAndBoundedRss) {
   std::map<std::string, int> unexpected;
   auto count = [&](const absl::Status& s) {
     if (s.ok()) ++ok_calls;
-    else if (absl::IsResourceExhausted(s)) ++exhausted;
-    else {
+    else if (absl::IsResourceExhausted(s)) {
+      ++exhausted;
+      // A real client backs off; without it the rejected streams spin.
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    } else {
       std::lock_guard<std::mutex> l(mu);
       ++unexpected[s.ToString().substr(0, 160)];
     }
@@ -562,24 +567,45 @@ TEST(SoakTest, MixedLoadHasNoUnexpectedErrorsAndBoundedRss) {
       int n = 0;
       while (!stop.load() && std::chrono::steady_clock::now() < stop_at) {
         ++n;
-        if (t < kIngestStreams) {
+        if (t >= kQueryStreams) {
           // Ingest: mostly known chunks (already present); new ones during
           // warm-up only, so the store's own growth does not read as a leak.
-          v1::IngestRequest req;
-          const bool warming = std::chrono::steady_clock::now() < warm_at;
-          for (int i = 0; i < 4; ++i) {
-            if (warming && rng() % 4 == 0) {
-              req.add_chunks()->set_text(ChunkText("s" + std::to_string(t) + "n" + std::to_string(n) +
-                                                       "i" + std::to_string(i), rng()));
-            } else {
-              req.add_chunks()->set_text(pool_texts[rng() % pool_texts.size()]);
+          auto batch = [&](int b) {
+            v1::IngestRequest req;
+            const bool warming = std::chrono::steady_clock::now() < warm_at;
+            for (int i = 0; i < 4; ++i) {
+              if (warming && rng() % 4 == 0) {
+                req.add_chunks()->set_text(ChunkText("s" + std::to_string(t) + "n" +
+                                                         std::to_string(n) + "b" + std::to_string(b) +
+                                                         "i" + std::to_string(i),
+                                                     rng()));
+              } else {
+                req.add_chunks()->set_text(pool_texts[rng() % pool_texts.size()]);
+              }
             }
-          }
-          auto r = c.Ingest(req);
-          count(r.status());
-          if (r.ok()) {
-            for (const auto& res : r->results()) {
+            return req;
+          };
+          auto check = [&](const v1::IngestResponse& resp) {
+            for (const auto& res : resp.results()) {
               if (res.status() == v1::CHUNK_STATUS_ERROR) count(absl::InternalError(res.error()));
+            }
+          };
+          if (t == kQueryStreams) {
+            auto r = c.Ingest(batch(0));
+            count(r.status());
+            if (r.ok()) check(*r);
+          } else {
+            std::vector<v1::IngestRequest> batches;
+            for (int b = 0; b < 4; ++b) batches.push_back(batch(b));
+            int responses = 0;
+            absl::Status st = c.IngestStream(batches, [&](const v1::IngestResponse& resp) {
+              ++responses;
+              check(resp);
+            });
+            count(st);
+            if (st.ok() && responses != 4) {
+              count(absl::InternalError("IngestStream: " + std::to_string(responses) +
+                                        " responses for 4 batches"));
             }
           }
           continue;
@@ -623,16 +649,16 @@ TEST(SoakTest, MixedLoadHasNoUnexpectedErrorsAndBoundedRss) {
   for (const auto& [what, n] : unexpected) errors += std::to_string(n) + "x " + what + "\n";
   EXPECT_TRUE(unexpected.empty()) << errors;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("soak %.1f s, %d streams: %lld ok calls (%.1f/s), %lld RESOURCE_EXHAUSTED; "
-              "RSS warm %lld KiB, end %lld KiB, max %lld KiB\n",
-              secs, kStreams, static_cast<long long>(ok_calls.load()), ok_calls.load() / secs,
+  std::printf("soak %.1f s, %d query streams + Ingest + IngestStream: %lld ok calls (%.1f/s), "
+              "%lld RESOURCE_EXHAUSTED; RSS warm %lld KiB, end %lld KiB, max %lld KiB\n",
+              secs, kQueryStreams, static_cast<long long>(ok_calls.load()), ok_calls.load() / secs,
               static_cast<long long>(exhausted.load()), static_cast<long long>(rss_warm),
               static_cast<long long>(rss_end), static_cast<long long>(rss_max_after));
   std::printf("RSS MiB each second:%s\n", timeline.c_str());
   EXPECT_GT(ok_calls.load(), kStreams);
   ASSERT_GT(rss_warm, 0);
-  const int64_t allowed = std::max<int64_t>(rss_warm / 10, 30 * 1024);
-  EXPECT_LT(rss_end - rss_warm, allowed) << "RSS grew from " << rss_warm << " to " << rss_end << " KiB";
+  EXPECT_LT(rss_end - rss_warm, rss_warm / 10)
+      << "RSS grew from " << rss_warm << " to " << rss_end << " KiB (more than 10%)";
   EXPECT_EQ(srv.Stop(), 0) << srv.log().substr(0, 4000);
 }
 
