@@ -7,6 +7,9 @@
 //     server's report, client-observed TTFT alongside;
 //  2. ingest throughput (tokens/s): gRPC Ingest vs in-process PrefillChunk on
 //     the same token lists;
+//  and, for 1., the service overhead: client-observed TTFT through gRPC vs the
+//  engine's RunQuery called in this process on the same chunk KVs, prompt and
+//  method (interleaved run by run);
 //  3. concurrency: QPS and p50/p95/p99 client TTFT at 1, 4, 16 streams.
 //
 //   serve_bench [--out DIR] [--contexts 1024,2048,4096,8192] [--reps 5]
@@ -35,6 +38,7 @@
 
 #include "client/client.h"
 #include "engine/model.h"
+#include "engine/pipeline.h"
 #include "engine/prefill.h"
 #include "engine/runtime.h"
 #include "engine/test_model.h"
@@ -92,6 +96,7 @@ struct MethodRow {
   std::string name;
   v1::Method method;
   bool reorder;
+  Method engine_method;
 };
 
 struct Run {
@@ -122,6 +127,36 @@ absl::StatusOr<Run> QueryOnce(client::Client& c, const std::vector<std::string>&
   run.report = *rep;
   run.ttft_ms = rep->ttft_ms();
   return run;
+}
+
+// The engine called in this process on the same inputs the server gets for
+// QueryOnce: [BOS] prefix, the chunk KVs, the rendered template, one token.
+// Returns ms from the call to the first token (what the server's TTFT covers,
+// minus fetching the chunks from the store and gRPC).
+absl::StatusOr<double> InProcessTtft(const Model& model, const Tokenizer& tok,
+                                     const std::vector<std::shared_ptr<const ChunkKv>>& chunks,
+                                     const MethodRow& m, const std::string& question) {
+  QueryInput input;
+  input.prefix_ids = {static_cast<int32_t>(model.config().bos_token_id.value_or(1))};
+  input.chunks = chunks;
+  input.chunk_prefix_mode = PrefixMode::kBos;
+  input.question_ids = tok.Encode(question);
+  input.prompt_ids = tok.Encode("\nQuestion: " + question + "\nAnswer:");
+  MethodOptions options;
+  options.method = m.engine_method;
+  options.ratio = 0.15;
+  options.reorder = m.reorder;
+  options.lego_k = 4;
+  DecodeOptions decode;
+  decode.max_new_tokens = 1;
+  double ttft = -1;
+  const auto t0 = Clock::now();
+  auto r = RunQuery(model, &tok, input, options, decode, [&](int32_t, std::string_view) {
+    if (ttft < 0) ttft = Ms(Clock::now() - t0);
+    return true;
+  });
+  if (!r.ok()) return r.status();
+  return ttft;
 }
 
 // Line chart of median TTFT vs context, one line per method, log-scale y.
@@ -331,19 +366,24 @@ int Main(int argc, char** argv) {
   const double grpc_ms = Ms(Clock::now() - ig0);
   double inproc_ms = 0;
   int64_t inproc_tokens = 0;
+  // The same model in this process, and the chunk KVs it prefills, for the
+  // in-process side of the ingest and TTFT comparisons.
+  LoadOptions lo;
+  lo.device = info->device().rfind("cuda", 0) == 0 ? info->device() : "cpu";
+  auto loaded = Model::Load(model_dir, lo);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "%s\n", loaded.status().ToString().c_str());
+    return 1;
+  }
+  std::unique_ptr<Model> model = *std::move(loaded);
+  std::vector<std::shared_ptr<const ChunkKv>> kvs;
   {
-    LoadOptions lo;
-    lo.device = info->device().rfind("cuda", 0) == 0 ? info->device() : "cpu";
-    auto model = Model::Load(model_dir, lo);
-    if (!model.ok()) {
-      std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
-      return 1;
-    }
-    (void)PrefillChunk(**model, ids[0], PrefixMode::kBos);  // warm-up
+    (void)PrefillChunk(*model, ids[0], PrefixMode::kBos);  // warm-up
     const auto t0 = Clock::now();
     for (const auto& one : ids) {
-      auto kv = PrefillChunk(**model, one, PrefixMode::kBos);
+      auto kv = PrefillChunk(*model, one, PrefixMode::kBos);
       if (!kv.ok()) return 1;
+      kvs.push_back(std::make_shared<const ChunkKv>(*std::move(kv)));
       inproc_tokens += static_cast<int64_t>(one.size());
     }
     inproc_ms = Ms(Clock::now() - t0);
@@ -366,12 +406,12 @@ int Main(int argc, char** argv) {
 
   // ---- 1. TTFT vs context.
   const std::vector<MethodRow> methods = {
-      {"FULL", v1::METHOD_FULL, false},
-      {"NONE", v1::METHOD_NONE, false},
-      {"INFOFLOW r=0.15", v1::METHOD_INFOFLOW, false},
-      {"INFOFLOW+reorder", v1::METHOD_INFOFLOW, true},
-      {"CACHEBLEND r=0.15", v1::METHOD_CACHEBLEND, false},
-      {"EPIC k=4", v1::METHOD_EPIC, false},
+      {"FULL", v1::METHOD_FULL, false, Method::kFull},
+      {"NONE", v1::METHOD_NONE, false, Method::kNone},
+      {"INFOFLOW r=0.15", v1::METHOD_INFOFLOW, false, Method::kInfoFlow},
+      {"INFOFLOW+reorder", v1::METHOD_INFOFLOW, true, Method::kInfoFlow},
+      {"CACHEBLEND r=0.15", v1::METHOD_CACHEBLEND, false, Method::kCacheBlend},
+      {"EPIC k=4", v1::METHOD_EPIC, false, Method::kEpic},
   };
   const std::string question = "Which village is north of the copper bridge?";
   auto keys_for = [&](int64_t context) {
@@ -383,25 +423,32 @@ int Main(int argc, char** argv) {
     }
     return k;
   };
+  auto kvs_for = [&](int64_t context) {
+    return std::vector<std::shared_ptr<const ChunkKv>>(kvs.begin(),
+                                                       kvs.begin() + keys_for(context).size());
+  };
   std::ofstream runs_csv(out_dir + "/ttft_runs.csv");
   runs_csv << "context_target,context_tokens,method,run,ttft_ms,client_ttft_ms,fetch_ms,"
               "reposition_ms,score_ms,select_ms,reorder_ms,recompute_ms,prompt_ms,"
-              "first_token_ms,recomputed_tokens\n";
+              "first_token_ms,recomputed_tokens,inprocess_ttft_ms\n";
   std::ofstream sum_csv(out_dir + "/ttft_summary.csv");
   sum_csv << "context_target,context_tokens,method,reps,ttft_ms_median,ratio_to_full,"
              "client_ttft_ms_median,fetch_ms,reposition_ms,score_ms,select_ms,reorder_ms,"
-             "recompute_ms,prompt_ms,first_token_ms,recomputed_tokens\n";
+             "recompute_ms,prompt_ms,first_token_ms,recomputed_tokens,inprocess_ttft_ms_median,"
+             "grpc_overhead\n";
   std::map<std::pair<int64_t, std::string>, double> ttft_median;
   for (int64_t context : contexts) {
     const std::vector<std::string> k = keys_for(context);
+    const std::vector<std::shared_ptr<const ChunkKv>> kv_in = kvs_for(context);
     std::printf("\ncontext %lld (target) in %zu chunks, median of %d (+1 warm-up), max_new_tokens 1\n",
                 static_cast<long long>(context), k.size(), reps);
-    std::printf("%-18s %7s %9s %8s %9s | %7s %7s %7s %7s %7s %9s %7s %7s | %6s\n", "method", "ctx",
-                "TTFT ms", "vs FULL", "client", "fetch", "repos", "score", "select", "reordr",
-                "recompute", "prompt", "1st tok", "recomp");
+    std::printf("%-18s %7s %9s %8s %9s | %7s %7s %7s %7s %7s %9s %7s %7s | %6s | %8s %8s\n",
+                "method", "ctx", "TTFT ms", "vs FULL", "client", "fetch", "repos", "score",
+                "select", "reordr", "recompute", "prompt", "1st tok", "recomp", "in-proc",
+                "overhead");
     double full = NAN;
     for (const MethodRow& m : methods) {
-      std::vector<double> ttft, client_ms;
+      std::vector<double> ttft, client_ms, inproc;
       std::vector<std::vector<double>> stages(9);
       int64_t ctx_tokens = 0, recomputed = 0;
       for (int r = -1; r < reps; ++r) {
@@ -411,7 +458,14 @@ int Main(int argc, char** argv) {
                        run.status().ToString().c_str());
           return 1;
         }
+        // The engine in-process on the same inputs, right after (same conditions).
+        auto in = InProcessTtft(*model, **tok, kv_in, m, question);
+        if (!in.ok()) {
+          std::fprintf(stderr, "in-process %s: %s\n", m.name.c_str(), in.status().ToString().c_str());
+          return 1;
+        }
         if (r < 0) continue;  // warm-up
+        inproc.push_back(*in);
         const v1::StageTimings& s = run->report.stages();
         const double st[9] = {s.fetch_ms(),  s.reposition_ms(), s.score_ms(),
                               s.select_ms(), s.reorder_ms(),    s.recompute_ms(),
@@ -424,20 +478,28 @@ int Main(int argc, char** argv) {
         runs_csv << context << "," << ctx_tokens << "," << m.name << "," << r << ","
                  << run->ttft_ms << "," << run->client_ms;
         for (int i = 0; i < 8; ++i) runs_csv << "," << st[i];
-        runs_csv << "," << recomputed << "\n";
+        runs_csv << "," << recomputed << "," << *in << "\n";
       }
       const double med = Median(ttft);
       if (m.method == v1::METHOD_FULL) full = med;
       ttft_median[{context, m.name}] = med;
-      std::printf("%-18s %7lld %9.1f %8.3f %9.1f | %7.1f %7.1f %7.1f %7.1f %7.1f %9.1f %7.1f %7.1f | %6lld\n",
+      // gRPC overhead: client-observed TTFT (request sent -> first token
+      // event received; includes the store fetch, tokenizing, gRPC) over the
+      // in-process engine's TTFT on the same chunk KVs.
+      const double overhead = Median(client_ms) / Median(inproc) - 1.0;
+      std::printf("%-18s %7lld %9.1f %8.3f %9.1f | %7.1f %7.1f %7.1f %7.1f %7.1f %9.1f %7.1f %7.1f | %6lld | %8.1f %7.1f%%\n",
                   m.name.c_str(), static_cast<long long>(ctx_tokens), med, med / full,
                   Median(client_ms), Median(stages[0]), Median(stages[1]), Median(stages[2]),
                   Median(stages[3]), Median(stages[4]), Median(stages[5]), Median(stages[6]),
-                  Median(stages[7]), static_cast<long long>(recomputed));
+                  Median(stages[7]), static_cast<long long>(recomputed), Median(inproc),
+                  100.0 * overhead);
+      if (m.method == v1::METHOD_INFOFLOW && !m.reorder) {
+        std::printf("%-18s scoring pass = %.1f%% of TTFT\n", "", 100.0 * Median(stages[2]) / med);
+      }
       sum_csv << context << "," << ctx_tokens << "," << m.name << "," << reps << "," << med << ","
               << med / full << "," << Median(client_ms);
       for (int i = 0; i < 8; ++i) sum_csv << "," << Median(stages[i]);
-      sum_csv << "," << recomputed << "\n";
+      sum_csv << "," << recomputed << "," << Median(inproc) << "," << overhead << "\n";
     }
   }
   WriteSvg(out_dir + "/ttft.svg", contexts, methods, ttft_median);
