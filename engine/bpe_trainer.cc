@@ -54,9 +54,12 @@ struct Entry {
 
 }  // namespace
 
+const char kDigitSplitPattern[] =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
 absl::StatusOr<std::string> TrainByteLevelBpeTokenizerJson(
     const std::vector<std::string>& corpus, int vocab_size,
-    const std::vector<std::string>& special_tokens) {
+    const std::vector<std::string>& special_tokens, bool split_digits) {
   const int num_special = static_cast<int>(special_tokens.size());
   absl::flat_hash_set<std::string> special_set;
   for (const std::string& s : special_tokens) {
@@ -69,7 +72,7 @@ absl::StatusOr<std::string> TrainByteLevelBpeTokenizerJson(
         "vocab_size ", vocab_size, " < ", num_special, " special tokens + 256 byte symbols"));
   }
   absl::StatusOr<std::unique_ptr<RegexSplitter>> splitter =
-      RegexSplitter::Create(kGpt2SplitPattern);
+      RegexSplitter::Create(split_digits ? kDigitSplitPattern : kGpt2SplitPattern);
   if (!splitter.ok()) return splitter.status();
 
   // 1. Count pre-tokenized words, with special tokens cut out of the text.
@@ -229,10 +232,24 @@ absl::StatusOr<std::string> TrainByteLevelBpeTokenizerJson(
   }
   root["added_tokens"] = added;
   root["normalizer"] = nullptr;
-  root["pre_tokenizer"] = {{"type", "ByteLevel"},
-                           {"add_prefix_space", false},
-                           {"trim_offsets", true},
-                           {"use_regex", true}};
+  if (split_digits) {
+    root["pre_tokenizer"] = {
+        {"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"},
+           {"pattern", {{"Regex", kDigitSplitPattern}}},
+           {"behavior", "Isolated"},
+           {"invert", false}},
+          {{"type", "ByteLevel"},
+           {"add_prefix_space", false},
+           {"trim_offsets", false},
+           {"use_regex", false}}}}};
+  } else {
+    root["pre_tokenizer"] = {{"type", "ByteLevel"},
+                             {"add_prefix_space", false},
+                             {"trim_offsets", true},
+                             {"use_regex", true}};
+  }
   std::string bos;
   for (const char* candidate : {"<s>", "<|begin_of_text|>"}) {
     if (special_set.contains(candidate)) {

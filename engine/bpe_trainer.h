@@ -20,7 +20,9 @@ namespace infoflow {
 //                       byte-to-unicode spelling, e.g. byte 0x20 is "Ġ");
 //   S+256 .. vocab-1    merged tokens, in the order they were learned.
 // Pre-tokenizer: ByteLevel with the GPT-2 regex (add_prefix_space false);
-// decoder: ByteLevel. The post_processor prepends a BOS when
+// with `split_digits`, a Split on kDigitSplitPattern (every digit its own
+// pre-token, as Qwen2's tokenizer does) followed by ByteLevel without regex,
+// so numbers are sequences of the 10 digit tokens; decoder: ByteLevel. The post_processor prepends a BOS when
 // Encode(text, add_special = true) is called, if "<s>" (else
 // "<|begin_of_text|>") is among `special_tokens`; otherwise it adds nothing.
 //
@@ -34,7 +36,11 @@ namespace infoflow {
 // empty or repeated.
 absl::StatusOr<std::string> TrainByteLevelBpeTokenizerJson(
     const std::vector<std::string>& corpus, int vocab_size,
-    const std::vector<std::string>& special_tokens);
+    const std::vector<std::string>& special_tokens, bool split_digits = false);
+
+// GPT-2's split regex with ` ?\p{N}+` replaced by `\p{N}`: one digit per
+// pre-token (a space before a number becomes its own pre-token).
+extern const char kDigitSplitPattern[];
 
 }  // namespace infoflow
 

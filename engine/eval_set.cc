@@ -303,6 +303,82 @@ std::vector<EvalExample> GenerateEvalSet(const EvalSetOptions& options) {
   return out;
 }
 
+TrainingDocument GenerateTrainingDocument(const TrainingDocOptions& o) {
+  Rng rng(SplitMix(o.seed ^ 0x747261696e646f63ull));
+  const int n = std::max(2, o.n_chunks);
+  const int words = std::max(1, o.chunk_words);
+  const int needles = UniformInt(rng, 1, std::max(1, o.max_needles));
+  const int hops = UniformInt(rng, 0, std::max(0, o.max_multihops));
+  const int corefs = UniformInt(rng, 0, std::max(0, o.max_corefs));
+  // Two people per chain or reference, one per needle; at most 16 exist.
+  const size_t want = std::min<size_t>(needles + 2 * hops + 2 * corefs, kSurnames.size());
+  std::vector<Person> people = People(rng, want);
+  size_t next = 0;
+  auto person = [&]() -> const Person* { return next < people.size() ? &people[next++] : nullptr; };
+  std::vector<size_t> jobs = Distinct(rng, kJobs.size(), std::min<size_t>(corefs, kJobs.size()));
+  std::vector<Fact> facts;
+  TrainingDocument doc;
+  auto add_qa = [&](std::string q, std::string a, const char* task) {
+    doc.questions.push_back(std::move(q));
+    doc.answers.push_back(std::move(a));
+    doc.tasks.push_back(task);
+  };
+  for (int i = 0; i < needles; ++i) {
+    const Person* p = person();
+    if (p == nullptr) break;
+    std::string code = std::to_string(UniformInt(rng, 10000, 99999));
+    facts.push_back({UniformInt(rng, 0, n - 1), Place::kAnywhere,
+                     absl::StrCat("The secret code of ", p->name, " is ", code, ".")});
+    add_qa(absl::StrCat("What is the secret code of ", p->name, "?"), code, "needle");
+  }
+  for (int i = 0; i < hops; ++i) {
+    const Person* a_p = person();
+    const Person* b_p = person();
+    if (b_p == nullptr) break;
+    const std::string& city = Pick(rng, kCities);
+    int a = UniformInt(rng, 0, n - 2);
+    int b = UniformInt(rng, a + 1, n - 1);
+    facts.push_back({a, Place::kAnywhere, absl::StrCat(a_p->name, "'s manager is ", b_p->name, ".")});
+    facts.push_back({b, Place::kAnywhere, absl::StrCat(b_p->name, " works in ", city, ".")});
+    add_qa(absl::StrCat("Where does ", a_p->name, "'s manager work?"), city, "multihop");
+  }
+  std::vector<bool> pronoun_at(n, false);  // chunk a holds a pronoun setup at its end
+  for (int i = 0; i < corefs && i < static_cast<int>(jobs.size()); ++i) {
+    const Person* p = person();
+    const Person* other = person();
+    if (other == nullptr) break;
+    const std::string& job = kJobs[jobs[i]];
+    const std::string& city = Pick(rng, kCities);
+    int a = UniformInt(rng, 0, n - 2);
+    if ((rng() & 1) && !pronoun_at[a]) {
+      pronoun_at[a] = true;
+      facts.push_back({a, Place::kLast,
+                       absl::StrCat(p->name, " is a ", job, " who grew up near the ",
+                                    Pick(rng, kLandmarks), ".")});
+      facts.push_back({a + 1, Place::kFirst,
+                       absl::StrCat(p->female ? "She" : "He", " lives in ", city,
+                                    " and rarely travels.")});
+    } else {
+      int b = UniformInt(rng, a + 1, n - 1);
+      facts.push_back(
+          {a, Place::kAnywhere, absl::StrCat(p->name, " is the only ", job, " in the family.")});
+      facts.push_back({b, Place::kAnywhere, absl::StrCat("The ", job, " lives in ", city, ".")});
+    }
+    facts.push_back({UniformInt(rng, 0, n - 1), Place::kAnywhere,
+                     absl::StrCat(other->name, " lives in ", Pick(rng, kCities), ".")});
+    add_qa(absl::StrCat("Where does ", p->name, " live?"), city, "coref");
+  }
+  doc.chunks = BuildChunks(rng, n, words, facts);
+  // Questions in random order (not fact order).
+  for (size_t i = doc.questions.size(); i > 1; --i) {
+    const size_t j = Uniform(rng, i);
+    std::swap(doc.questions[i - 1], doc.questions[j]);
+    std::swap(doc.answers[i - 1], doc.answers[j]);
+    std::swap(doc.tasks[i - 1], doc.tasks[j]);
+  }
+  return doc;
+}
+
 std::string EvalExampleToJson(const EvalExample& example) {
   nlohmann::ordered_json j;
   j["chunks"] = example.chunks;

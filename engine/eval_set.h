@@ -57,6 +57,29 @@ absl::Status ValidateEvalSetOptions(const EvalSetOptions& options);
 // ValidateEvalSetOptions first to reject them).
 std::vector<EvalExample> GenerateEvalSet(const EvalSetOptions& options);
 
+// A training document for infoflow-train: several facts of every task in one
+// set of chunks (1..max_needles needles, 0..max_multihops manager chains,
+// 0..max_corefs pronoun/alias references; all people distinct) and one
+// question per fact, in random order. Same phrasings, pools and filler as
+// the eval tasks, so a model trained on these answers GenerateEvalSet's
+// questions; denser supervision (several answers per context) is the point.
+struct TrainingDocOptions {
+  int n_chunks = 6;
+  int chunk_words = 60;
+  int max_needles = 4;
+  int max_multihops = 2;
+  int max_corefs = 2;
+  uint64_t seed = 0;
+};
+struct TrainingDocument {
+  std::vector<std::string> chunks;
+  std::vector<std::string> questions;
+  std::vector<std::string> answers;  // answers[i] answers questions[i]
+  std::vector<std::string> tasks;    // tasks[i]: "needle", "multihop", "coref"
+};
+// Deterministic in `options`.
+TrainingDocument GenerateTrainingDocument(const TrainingDocOptions& options);
+
 // One JSONL line (no trailing newline):
 // {"chunks": [...], "question": "...", "answers": [...], "task": "..."}
 std::string EvalExampleToJson(const EvalExample& example);

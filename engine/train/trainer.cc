@@ -4,8 +4,10 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -24,6 +27,7 @@
 #include "engine/eval_set.h"
 #include "engine/kv_cache.h"
 #include "engine/model_config.h"
+#include "engine/runtime.h"
 #include "engine/safetensors.h"
 #include "nlohmann/json.hpp"
 
@@ -91,12 +95,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& opt
     return absl::InvalidArgumentError("need --chunks >= 2, --min-chunks >= 1, --chunk-words > 0");
   }
   EvalSetOptions check;
-  check.tasks = o.tasks;
+  for (const std::string& t : o.tasks) {
+    if (t != "mixed") check.tasks.push_back(t);
+  }
   if (absl::Status s = ValidateEvalSetOptions(check); !s.ok()) return s;
 
   std::unique_ptr<Trainer> t(new Trainer());
   t->options_ = options;
-  if (o.threads > 0) at::set_num_threads(o.threads);
+  // --threads cores in all, shared by --workers concurrent documents.
+  InitTorchRuntime(std::max(1, std::max(1, o.threads) / std::max(1, o.workers)));
 
   if (o.resume && !o.out.empty() && std::filesystem::exists(o.out + "/model.safetensors")) {
     if (absl::Status s = t->LoadCheckpoint(o.out); !s.ok()) return s;
@@ -111,13 +118,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& opt
     g.n_chunks = o.chunks;
     g.chunk_words = o.chunk_words;
     g.seed = Key(o.seed, kTokenizerStream, i, 0);
-    g.tasks = {o.tasks[i % o.tasks.size()]};
+    // Every eval task, whatever --tasks trains on: the tokenizer must cover
+    // the eval's vocabulary (and a later --resume phase's tasks).
+    g.tasks = {EvalTaskNames()[i % EvalTaskNames().size()]};
     for (const EvalExample& ex : GenerateEvalSet(g)) {
       for (const std::string& c : ex.chunks) corpus.push_back(c);
       corpus.push_back(absl::StrCat("\nQuestion: ", ex.question, "\nAnswer: ", ex.answers[0], "\n"));
     }
   }
-  absl::StatusOr<std::string> json = TrainByteLevelBpeTokenizerJson(corpus, o.vocab, {"<s>", "</s>"});
+  absl::StatusOr<std::string> json =
+      TrainByteLevelBpeTokenizerJson(corpus, o.vocab, {"<s>", "</s>"}, o.split_digits);
   if (!json.ok()) return json.status();
   t->tokenizer_json_ = *json;
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromJsonString(*json);
@@ -137,6 +147,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& opt
   spec.intermediate_size = o.ffn;
   spec.max_position_embeddings = std::max(4096, o.seq_len);
   spec.rope_theta = o.rope_theta;
+  spec.tie_word_embeddings = o.tie_embeddings;
   ModelConfig& c = t->config_;
   c = TestModelConfig(spec);
   c.rms_norm_eps = 1e-5;
@@ -169,7 +180,7 @@ void Trainer::InitWeights() {
     weights_.layers.push_back(w);
   }
   weights_.final_norm = ones(d);
-  weights_.lm_head = normal({c.vocab_size, d}, std0);
+  weights_.lm_head = c.tie_word_embeddings ? weights_.embed : normal({c.vocab_size, d}, std0);
   CollectParameters();
 }
 
@@ -193,7 +204,11 @@ void Trainer::CollectParameters() {
     add(p + "w_down", w.w_down);
   }
   add("final_norm", weights_.final_norm);
-  add("lm_head", weights_.lm_head);
+  if (config_.tie_word_embeddings) {
+    weights_.lm_head = weights_.embed;  // one parameter, gradient from both uses
+  } else {
+    add("lm_head", weights_.lm_head);
+  }
   exp_avg_.clear();
   exp_avg_sq_.clear();
   for (const at::Tensor& p : params_) {
@@ -228,65 +243,137 @@ int Trainer::MaxChunksAt(int step) const {
   return lo + static_cast<int>(std::lround(f * (o.chunks - lo)));
 }
 
-Document Trainer::MakeDocument(uint64_t key, int max_chunks) const {
+Document Trainer::MakeDocument(uint64_t key, int max_chunks, bool training,
+                               const std::string& task_override) const {
   const TrainOptions& o = options_;
   const uint64_t r = SplitMix(key);
-  const std::string& task = o.tasks[r % o.tasks.size()];
+  const std::string task = task_override.empty() ? o.tasks[r % o.tasks.size()] : task_override;
   const int lo = std::min(std::max(2, o.min_chunks), max_chunks);
   int n = lo + static_cast<int>((r >> 20) % static_cast<uint64_t>(max_chunks - lo + 1));
+  int words = o.chunk_words;
+  if (o.max_chunk_words > o.chunk_words) {
+    words += static_cast<int>(SplitMix(r ^ 0x5A17ull) % (o.max_chunk_words - o.chunk_words + 1));
+  }
   Document doc;
   for (;; --n) {
-    EvalSetOptions g;
-    g.n_examples = 1;
-    g.n_chunks = n;
-    g.chunk_words = o.chunk_words;
-    g.seed = key;
-    g.tasks = {task};
-    EvalExample ex = GenerateEvalSet(g).at(0);
+    std::vector<std::string> chunks;
+    std::vector<std::pair<std::string, std::string>> qa;  // question, answer
+    if (task == "mixed") {
+      TrainingDocOptions t;
+      t.n_chunks = n;
+      t.chunk_words = words;
+      t.seed = key;
+      TrainingDocument d = GenerateTrainingDocument(t);
+      chunks = std::move(d.chunks);
+      for (size_t i = 0; i < d.questions.size(); ++i) qa.emplace_back(d.questions[i], d.answers[i]);
+    } else {
+      EvalSetOptions g;
+      g.n_examples = 1;
+      g.n_chunks = n;
+      g.chunk_words = words;
+      g.seed = key;
+      g.tasks = {task};
+      EvalExample ex = GenerateEvalSet(g).at(0);
+      chunks = std::move(ex.chunks);
+      qa.emplace_back(ex.question, ex.answers[0]);
+    }
+    // Copy curriculum: a --copy-fraction of documents repeat one earlier
+    // chunk verbatim as an extra last chunk, so every token of the repeat is
+    // predictable by copying (dense signal for the induction heads that
+    // retrieval is built from).
+    const uint64_t c_r = SplitMix(r ^ 0xC0B1ull);
+    if (training && static_cast<double>(c_r % 1000000) < o.copy_fraction * 1e6 && !chunks.empty()) {
+      chunks.push_back(chunks[SplitMix(c_r) % chunks.size()]);
+    }
     std::vector<int64_t> context = {bos_};
-    for (const std::string& c : ex.chunks) {
+    std::vector<size_t> chunk_starts;
+    for (const std::string& c : chunks) {
+      chunk_starts.push_back(context.size());
       for (int32_t id : tokenizer_->Encode(c)) context.push_back(id);
     }
-    for (int32_t id : tokenizer_->Encode(absl::StrCat("\nQuestion: ", ex.question, "\nAnswer:"))) {
-      context.push_back(id);
+    // Questions and answers; answer tokens (" A", "\n", final "</s>") flagged.
+    std::vector<int64_t> tail;
+    std::vector<uint8_t> tail_answer;
+    for (const auto& [question, answer] : qa) {
+      for (int32_t id : tokenizer_->Encode(absl::StrCat("\nQuestion: ", question, "\nAnswer:"))) {
+        tail.push_back(id);
+        tail_answer.push_back(0);
+      }
+      for (int32_t id : tokenizer_->Encode(absl::StrCat(" ", answer, "\n"))) {
+        tail.push_back(id);
+        tail_answer.push_back(1);
+      }
     }
-    std::vector<int64_t> answer;
-    for (int32_t id : tokenizer_->Encode(absl::StrCat(" ", ex.answers[0], "\n"))) answer.push_back(id);
-    answer.push_back(eos_);
-    const int64_t total = static_cast<int64_t>(context.size() + answer.size());
+    tail.push_back(eos_);
+    tail_answer.push_back(1);
+    const int64_t total = static_cast<int64_t>(context.size() + tail.size());
     if (total > o.seq_len && n > 2) continue;
     if (total > o.seq_len) {
       // Even two chunks are too long: drop the oldest context tokens (after BOS).
       const int64_t drop = std::min<int64_t>(total - o.seq_len, context.size() - 1);
       context.erase(context.begin() + 1, context.begin() + 1 + drop);
+      chunk_starts.clear();  // chunk boundaries are gone; no gaps for this one
     }
     doc.tokens = context;
-    doc.tokens.insert(doc.tokens.end(), answer.begin(), answer.end());
-    const size_t first_answer_target = context.size() - 1;  // target index of answer[0]
+    doc.tokens.insert(doc.tokens.end(), tail.begin(), tail.end());
     doc.weights.assign(doc.tokens.size() - 1, static_cast<float>(o.context_weight));
     doc.answer.assign(doc.tokens.size() - 1, 0);
-    for (size_t t = first_answer_target; t < doc.weights.size(); ++t) {
+    for (size_t i = 0; i < tail.size(); ++i) {
+      if (!tail_answer[i]) continue;
+      const size_t t = context.size() + i - 1;  // target index predicting tail[i]
       doc.weights[t] = static_cast<float>(o.answer_weight);
       doc.answer[t] = 1;
     }
     doc.chunks = n;
     doc.task = task;
+    const int64_t T = static_cast<int64_t>(doc.tokens.size());
+    doc.positions.resize(T);
+    for (int64_t t = 0; t < T; ++t) doc.positions[t] = t;
+    const uint64_t g_r = SplitMix(r ^ 0x9A95ull);
+    const int64_t spare = static_cast<int64_t>(o.position_span) - T;
+    if (training && spare > 0 && !chunk_starts.empty() &&
+        static_cast<double>(g_r % 1000000) < o.gap_fraction * 1e6) {
+      // Total skip uniform in [0, spare], cut at random points into one gap
+      // before each chunk; the question's tokens follow the last chunk.
+      const int64_t total_gap = static_cast<int64_t>(SplitMix(g_r) % (spare + 1));
+      std::vector<int64_t> cuts = {0, total_gap};
+      for (size_t c = 1; c < chunk_starts.size(); ++c) {
+        cuts.push_back(static_cast<int64_t>(SplitMix(g_r + c) % (total_gap + 1)));
+      }
+      std::sort(cuts.begin(), cuts.end());
+      int64_t shift = 0;
+      size_t next_chunk = 0;
+      for (int64_t t = 0; t < T; ++t) {
+        while (next_chunk < chunk_starts.size() && static_cast<size_t>(t) == chunk_starts[next_chunk]) {
+          shift += cuts[next_chunk + 1] - cuts[next_chunk];
+          ++next_chunk;
+        }
+        doc.positions[t] = t + shift;
+      }
+    }
+
     return doc;
   }
 }
 
 Document Trainer::TrainDocument(int step, int index) const {
-  return MakeDocument(Key(options_.seed, 0, step, index), MaxChunksAt(step));
+  return MakeDocument(Key(options_.seed, 0, step, index), MaxChunksAt(step), true, "");
 }
 
 Document Trainer::EvalDocument(int index) const {
-  return MakeDocument(Key(options_.seed, kEvalStream, index, 0), options_.chunks);
+  // Held-out documents are eval-style (one question) even for "mixed".
+  std::string task;
+  if (std::find(options_.tasks.begin(), options_.tasks.end(), "mixed") != options_.tasks.end()) {
+    task = EvalTaskNames()[index % EvalTaskNames().size()];
+  }
+  return MakeDocument(Key(options_.seed, kEvalStream, index, 0), options_.chunks, false, task);
 }
 
 at::Tensor Trainer::TargetLosses(const Document& doc, at::Tensor* logits_out) const {
   const int64_t T = static_cast<int64_t>(doc.tokens.size());
   at::Tensor tokens = at::tensor(doc.tokens, at::kLong);
-  at::Tensor positions = at::arange(T, at::kLong);
+  at::Tensor positions = doc.positions.empty() ? at::arange(T, at::kLong)
+                                              : at::tensor(doc.positions, at::kLong);
   KvCache cache(model_->n_layers());
   ForwardOptions fo;
   fo.logits = ForwardOptions::Logits::kAll;
@@ -308,20 +395,62 @@ StepStats Trainer::Step() {
     for (float w : docs.back().weights) total_weight += w;
   }
   if (total_weight <= 0) total_weight = 1;
+  // Per-document gradients (torch::autograd::grad, not .backward()), so
+  // documents can run on several threads and still be summed in document
+  // order: the result does not depend on --workers.
+  std::vector<std::vector<at::Tensor>> grads(o.batch);
+  std::vector<double> loss_b(o.batch, 0), answer_ce_b(o.batch, 0);
+  std::vector<int64_t> answer_n_b(o.batch, 0);
+  std::atomic<int> next{0};
+  auto work = [&]() {
+    for (int b = next++; b < o.batch; b = next++) {
+      const Document& doc = docs[b];
+      at::Tensor ce = TargetLosses(doc);
+      at::Tensor w = at::tensor(doc.weights, at::kFloat);
+      at::Tensor loss = (ce * w).sum() / total_weight;
+      grads[b] = torch::autograd::grad({loss}, params_, /*grad_outputs=*/{},
+                                       /*retain_graph=*/false, /*create_graph=*/false,
+                                       /*allow_unused=*/true);
+      loss_b[b] = loss.item<double>();
+      at::Tensor mask =
+          at::tensor(std::vector<int64_t>(doc.answer.begin(), doc.answer.end())).to(at::kBool);
+      answer_ce_b[b] = ce.detach().masked_select(mask).sum().item<double>();
+      answer_n_b[b] = mask.sum().item<int64_t>();
+    }
+  };
+  const int workers = std::max(1, std::min(o.workers, o.batch));
+  if (workers == 1) {
+    work();
+  } else {
+    std::vector<std::thread> pool;
+    for (int i = 0; i < workers; ++i) pool.emplace_back(work);
+    for (std::thread& t : pool) t.join();
+  }
   double answer_ce = 0;
   int64_t answer_n = 0;
-  for (const Document& doc : docs) {
-    at::Tensor ce = TargetLosses(doc);
-    at::Tensor w = at::tensor(doc.weights, at::kFloat);
-    at::Tensor loss = (ce * w).sum() / total_weight;
-    loss.backward();
-    st.loss += loss.item<double>();
-    at::Tensor mask = at::tensor(std::vector<int64_t>(doc.answer.begin(), doc.answer.end())).to(at::kBool);
-    answer_ce += ce.detach().masked_select(mask).sum().item<double>();
-    answer_n += mask.sum().item<int64_t>();
-    st.tokens += static_cast<int64_t>(doc.tokens.size());
+  for (int b = 0; b < o.batch; ++b) {
+    st.loss += loss_b[b];
+    answer_ce += answer_ce_b[b];
+    answer_n += answer_n_b[b];
+    st.tokens += static_cast<int64_t>(docs[b].tokens.size());
   }
   st.answer_loss = answer_n ? answer_ce / answer_n : 0;
+  {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      at::Tensor sum;
+      for (int b = 0; b < o.batch; ++b) {
+        const at::Tensor& g = grads[b][i];
+        if (!g.defined()) continue;
+        if (sum.defined()) {
+          sum.add_(g);
+        } else {
+          sum = g.clone();
+        }
+      }
+      params_[i].mutable_grad() = sum;
+    }
+  }
 
   at::NoGradGuard no_grad;
   double sq = 0;
@@ -388,11 +517,12 @@ absl::Status Trainer::Train(std::ostream& log) {
   const TrainOptions& o = options_;
   log << absl::StrFormat(
              "infoflow-train: %lld parameters, %d layers, hidden %d, heads %d/%d, ffn %d, "
-             "vocab %lld (tokenizer %d), seq-len %d, batch %d, steps %d (from %d), threads %d\n",
+             "vocab %lld (tokenizer %d), seq-len %d, batch %d, steps %d (from %d), threads %d, "
+             "workers %d\n",
              static_cast<long long>(num_parameters()), config_.num_hidden_layers,
              config_.hidden_size, config_.num_attention_heads, config_.num_key_value_heads,
              config_.intermediate_size, static_cast<long long>(config_.vocab_size),
-             tokenizer_->vocab_size(), o.seq_len, o.batch, o.steps, step_, at::get_num_threads())
+             tokenizer_->vocab_size(), o.seq_len, o.batch, o.steps, step_, o.threads, o.workers)
       << std::flush;
   const auto start = std::chrono::steady_clock::now();
   const int first = step_;
@@ -409,7 +539,8 @@ absl::Status Trainer::Train(std::ostream& log) {
                std::chrono::duration<double>(std::chrono::steady_clock::now() - e0).count())
         << std::flush;
   };
-  while (step_ < o.steps) {
+  const int stop = o.until > 0 ? std::min(o.until, o.steps) : o.steps;
+  while (step_ < stop) {
     StepStats st = Step();
     tokens += st.tokens;
     loss_acc += st.loss;
@@ -417,20 +548,20 @@ absl::Status Trainer::Train(std::ostream& log) {
     ++acc_n;
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (step_ % std::max(1, o.log_every) == 0 || step_ == o.steps) {
+    if (step_ % std::max(1, o.log_every) == 0 || step_ == stop) {
       const double per_step = elapsed / (step_ - first);
       log << absl::StrFormat(
                  "step %d/%d loss %.4f answer_loss %.4f lr %.2e gnorm %.3f chunks<=%d tok/s %.0f "
                  "elapsed %s eta %s\n",
                  step_, o.steps, loss_acc / acc_n, ans_acc / acc_n, st.lr, st.grad_norm,
                  MaxChunksAt(step_ - 1), tokens / std::max(elapsed, 1e-9), Duration(elapsed).c_str(),
-                 Duration(per_step * (o.steps - step_)).c_str())
+                 Duration(per_step * (stop - step_)).c_str())
           << std::flush;
       loss_acc = ans_acc = 0;
       acc_n = 0;
     }
-    if (o.eval_every > 0 && step_ % o.eval_every == 0 && step_ < o.steps) do_eval();
-    if (!o.out.empty() && o.save_every > 0 && step_ % o.save_every == 0 && step_ < o.steps) {
+    if (o.eval_every > 0 && step_ % o.eval_every == 0 && step_ < stop) do_eval();
+    if (!o.out.empty() && o.save_every > 0 && step_ % o.save_every == 0 && step_ < stop) {
       if (absl::Status s = Save(o.out); !s.ok()) return s;
       log << "saved " << o.out << " at step " << step_ << "\n" << std::flush;
     }
@@ -457,7 +588,7 @@ absl::Status Trainer::Save(const std::string& dir) const {
   };
   put("model.embed_tokens.weight", weights_.embed);
   put("model.norm.weight", weights_.final_norm);
-  put("lm_head.weight", weights_.lm_head);
+  if (!c.tie_word_embeddings) put("lm_head.weight", weights_.lm_head);
   for (size_t l = 0; l < weights_.layers.size(); ++l) {
     const LayerWeights& w = weights_.layers[l];
     const std::string p = absl::StrCat("model.layers.", l, ".");
@@ -525,13 +656,11 @@ absl::Status Trainer::LoadCheckpoint(const std::string& dir) {
       return absl::InvalidArgumentError(dir + ": only plain llama checkpoints can be resumed");
     }
   }
-  if (config_.tie_word_embeddings) {
-    return absl::InvalidArgumentError(dir + ": tied embeddings are not trainable here");
-  }
   // Own storage, detached from the loaded model.
   weights_.embed = weights_.embed.clone();
   weights_.final_norm = weights_.final_norm.clone();
-  weights_.lm_head = weights_.lm_head.clone();
+  weights_.lm_head = config_.tie_word_embeddings ? weights_.embed : weights_.lm_head.clone();
+  options_.tie_embeddings = config_.tie_word_embeddings;
   for (LayerWeights& w : weights_.layers) {
     for (at::Tensor* t : {&w.attn_norm, &w.wqkv, &w.wo, &w.mlp_norm, &w.w_gate_up, &w.w_down}) {
       *t = t->clone();
@@ -583,23 +712,37 @@ const char kTrainUsage[] = R"(infoflow-train: train the engine's Model on synthe
 Usage: infoflow-train [flags]
 Data:
   --data synthetic          the only source (engine/eval_set.h generator)
-  --tasks LIST              multihop,needle,coref or all (default all)
+  --tasks LIST              multihop,needle,coref or all (default all); "mixed" = documents with
+                            several facts of every task and one question per fact (eval_set.h
+                            GenerateTrainingDocument); repeat a name to weight it
   --chunks N                most chunks per document (default 6)
   --min-chunks N            fewest chunks per document (default 2)
   --curriculum-steps N      most chunks grows from --min-chunks to --chunks over N steps (0 = off)
   --chunk-words N           approximate words per chunk (default 60)
+  --max-chunk-words N       words per chunk uniform in [--chunk-words, N] per document (0 = off)
   --tokenizer-docs N        documents the BPE tokenizer is trained on (default 200)
+  --split-digits            tokenizer: every digit its own token (numbers are copied digit by digit)
+  --position-span N         positional skips: a --gap-fraction of training documents get random
+                            position gaps between chunks, last position < N (0 = off)
+  --gap-fraction F          (default 0.5)
+  --copy-fraction F         training documents that repeat one earlier chunk verbatim at the end
+                            (a copy curriculum for induction heads; default 0)
 Model (llama; head_dim = hidden / heads):
   --layers 2 --hidden 64 --heads 4 --kv-heads 2 --ffn 128 --vocab 1024 --rope-theta 10000
+  --tie-embeddings          the LM head is the embedding matrix (tie_word_embeddings)
   --seq-len 512             longest document in tokens (fewer chunks are used to fit)
 Optimization:
   --steps 100 --batch 4 --lr 3e-3 --min-lr-ratio 0.1 --warmup 10 --weight-decay 0.1 --clip 1.0
   --context-weight 1.0      loss weight of targets before the answer (0 = answer-only loss)
   --answer-weight 1.0       loss weight of the answer targets (" answer", "\n", "</s>")
-  --threads 1 --seed 0
+  --threads 1 --seed 0        --threads: CPU cores for the math in all
+  --workers N               documents of a batch run on N threads at once (gradients are summed
+                            in document order, so results do not depend on N; default 1)
 Output:
   --out DIR                 checkpoint directory (HF layout Model::Load reads, + optimizer state)
   --resume                  continue from --out if it holds a checkpoint
+  --until N                 stop (and save) after step N; the LR schedule still spans --steps, so a
+                            run can change its data flags between --resume phases
   --eval-every N            held-out teacher-forced eval every N steps (and at the end)
   --eval-docs 32 --save-every N --log-every 1
 )";
@@ -610,12 +753,14 @@ absl::Status ParseTrainFlags(int argc, char** argv, TrainOptions* o, bool* help)
       {"--chunks", &o->chunks},         {"--min-chunks", &o->min_chunks},
       {"--curriculum-steps", &o->curriculum_steps},
       {"--chunk-words", &o->chunk_words}, {"--tokenizer-docs", &o->tokenizer_docs},
+      {"--max-chunk-words", &o->max_chunk_words}, {"--position-span", &o->position_span},
       {"--layers", &o->layers},         {"--hidden", &o->hidden},
       {"--heads", &o->heads},           {"--kv-heads", &o->kv_heads},
       {"--ffn", &o->ffn},               {"--vocab", &o->vocab},
       {"--seq-len", &o->seq_len},       {"--steps", &o->steps},
       {"--batch", &o->batch},           {"--warmup", &o->warmup},
       {"--threads", &o->threads},       {"--eval-every", &o->eval_every},
+      {"--workers", &o->workers},       {"--until", &o->until},
       {"--eval-docs", &o->eval_docs},   {"--save-every", &o->save_every},
       {"--log-every", &o->log_every}};
   std::map<std::string, double*> doubles = {
@@ -625,6 +770,8 @@ absl::Status ParseTrainFlags(int argc, char** argv, TrainOptions* o, bool* help)
       {"--clip", &o->clip},
       {"--context-weight", &o->context_weight},
       {"--answer-weight", &o->answer_weight},
+      {"--gap-fraction", &o->gap_fraction},
+      {"--copy-fraction", &o->copy_fraction},
       {"--rope-theta", &o->rope_theta}};
   std::map<std::string, std::string*> strings = {
       {"--out", &o->out}, {"--tasks", &tasks}, {"--data", &data}};
@@ -636,6 +783,14 @@ absl::Status ParseTrainFlags(int argc, char** argv, TrainOptions* o, bool* help)
     }
     if (arg == "--resume") {
       o->resume = true;
+      continue;
+    }
+    if (arg == "--split-digits") {
+      o->split_digits = true;
+      continue;
+    }
+    if (arg == "--tie-embeddings") {
+      o->tie_embeddings = true;
       continue;
     }
     std::string name = arg, value;

@@ -50,7 +50,18 @@ struct TrainOptions {
   int min_chunks = 2;        // fewest chunks per document
   int curriculum_steps = 0;  // the most chunks grows min_chunks -> chunks over these steps
   int chunk_words = 60;
+  int max_chunk_words = 0;   // > chunk_words: words per chunk uniform in [chunk_words, this]
   int tokenizer_docs = 200;  // generated documents the BPE tokenizer is trained on
+  bool split_digits = false; // tokenizer: one token per digit (numbers copy digit by digit)
+  // Positional skips (PoSE-style): with probability gap_fraction a training
+  // document's chunks get random position gaps between them so its last
+  // context position is uniform in [T, position_span); the question follows
+  // the last chunk without a gap. Teaches distances beyond seq_len cheaply.
+  int position_span = 0;     // 0 = contiguous positions only
+  double gap_fraction = 0.5;
+  // Training documents (not held-out ones) that end their context with a
+  // verbatim repeat of one earlier chunk.
+  double copy_fraction = 0;
   // Model (llama architecture; head_dim = hidden / heads).
   int layers = 2;
   int hidden = 64;
@@ -60,6 +71,7 @@ struct TrainOptions {
   int vocab = 1024;
   int seq_len = 512;  // longest training document (tokens); longer ones get fewer chunks
   double rope_theta = 10000.0;
+  bool tie_embeddings = false;
   // Optimization.
   int steps = 100;
   int batch = 4;
@@ -71,11 +83,13 @@ struct TrainOptions {
   double clip = 1.0;
   double context_weight = 1.0;
   double answer_weight = 1.0;
-  int threads = 1;
+  int threads = 1;  // CPU cores for the math (engine/runtime.h), shared by the workers
+  int workers = 1;  // documents of a batch processed concurrently
   uint64_t seed = 0;
   // Output.
   std::string out;       // checkpoint directory ("" = none)
   bool resume = false;   // continue from `out` when it holds a checkpoint
+  int until = 0;         // > 0: stop after this step (schedule still spans `steps`)
   int eval_every = 0;    // 0 = only at the end
   int eval_docs = 32;
   int save_every = 0;    // 0 = only at the end
@@ -84,6 +98,7 @@ struct TrainOptions {
 
 struct Document {
   std::vector<int64_t> tokens;
+  std::vector<int64_t> positions;  // [tokens.size()]; ascending, 0..T-1 when no gaps
   std::vector<float> weights;  // [tokens.size() - 1]: loss weight of target t+1
   std::vector<uint8_t> answer;  // [tokens.size() - 1]: 1 if target t+1 is an answer token
   int chunks = 0;
@@ -141,7 +156,9 @@ class Trainer {
 
  private:
   Trainer() = default;
-  Document MakeDocument(uint64_t key, int max_chunks) const;
+  // task_override "" = pick from options.tasks by the key.
+  Document MakeDocument(uint64_t key, int max_chunks, bool training,
+                        const std::string& task_override) const;
   void InitWeights();
   void CollectParameters();
   absl::Status LoadCheckpoint(const std::string& dir);

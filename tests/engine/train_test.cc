@@ -5,12 +5,15 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <filesystem>
+#include <random>
 #include <string>
 
+#include "absl/strings/str_split.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
 #include "tests/engine/test_util.h"
@@ -200,6 +203,182 @@ TEST(TrainTest, ResumeContinuesFromTheSameStep) {
   EXPECT_EQ((*resumed)->step(), 10);
   EXPECT_LE(MaxParamDiff((*resumed)->model(), (*straight)->model()), 1e-6);
   std::filesystem::remove_all(dir);
+}
+
+
+// Documents of a batch on several threads: gradients are summed in document
+// order, so the weights are identical to a single-threaded run.
+TEST(TrainTest, WorkersDoNotChangeTheResult) {
+  TrainOptions o = Tiny();
+  o.batch = 4;
+  absl::StatusOr<std::unique_ptr<Trainer>> one = Trainer::Create(o);
+  o.workers = 3;
+  absl::StatusOr<std::unique_ptr<Trainer>> three = Trainer::Create(o);
+  ASSERT_TRUE(one.ok() && three.ok());
+  for (int s = 0; s < 3; ++s) {
+    StepStats a = (*one)->Step();
+    StepStats b = (*three)->Step();
+    EXPECT_EQ(a.loss, b.loss);
+    EXPECT_EQ(a.grad_norm, b.grad_norm);
+  }
+  EXPECT_EQ(MaxParamDiff((*one)->model(), (*three)->model()), 0.0);
+}
+
+// "mixed": several facts per document, every question followed by its answer;
+// the answer targets are exactly those answers (and the final </s>).
+TEST(TrainTest, MixedDocumentsAnswerEveryQuestion) {
+  TrainOptions o = Tiny();
+  o.tasks = {"mixed"};
+  o.seq_len = 1200;
+  o.chunks = 6;
+  o.chunk_words = 40;
+  o.split_digits = true;
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  const Tokenizer& tok = (*t)->tokenizer();
+  // Digits are single tokens.
+  for (int32_t id : tok.Encode(" 48213")) EXPECT_LE(tok.Decode({id}).size(), 1u);
+  int multi = 0;
+  for (int i = 0; i < 6; ++i) {
+    Document d = (*t)->TrainDocument(0, i);
+    std::vector<int32_t> ids(d.tokens.begin() + 1, d.tokens.end());
+    const std::string text = tok.Decode(ids);
+    size_t questions = 0;
+    for (size_t p = text.find("\nQuestion: "); p != std::string::npos;
+         p = text.find("\nQuestion: ", p + 1)) {
+      ++questions;
+    }
+    ASSERT_GE(questions, 1u) << text;
+    multi += questions > 1;
+    // Runs of answer targets: one per question, the last one also covers </s>.
+    size_t runs = 0;
+    std::string answers;
+    for (size_t k = 0; k < d.answer.size(); ++k) {
+      if (d.answer[k] && (k == 0 || !d.answer[k - 1])) ++runs;
+      if (d.answer[k]) answers += tok.Decode({static_cast<int32_t>(d.tokens[k + 1])});
+    }
+    EXPECT_EQ(runs, questions) << text;
+    // Each answer line appears right after an "Answer:".
+    for (absl::string_view piece : absl::StrSplit(answers, '\n', absl::SkipEmpty())) {
+      const std::string line(piece);
+      if (line == "</s>") continue;
+      EXPECT_NE(text.find("\nAnswer:" + line + "\n"), std::string::npos) << line << "\n" << text;
+    }
+  }
+  EXPECT_GT(multi, 0) << "no document had more than one question";
+  // Held-out documents stay eval-style: one question.
+  Document e = (*t)->EvalDocument(0);
+  std::vector<int32_t> ids(e.tokens.begin() + 1, e.tokens.end());
+  const std::string text = tok.Decode(ids);
+  EXPECT_EQ(text.find("\nQuestion: "), text.rfind("\nQuestion: ")) << text;
+}
+
+// Positional skips: ascending positions within --position-span, gaps only at
+// chunk starts, the question right after the last chunk; held-out documents
+// keep 0..T-1.
+TEST(TrainTest, PositionGapsStayInSpanAndOnlyBeforeChunks) {
+  TrainOptions o = Tiny();
+  o.seq_len = 400;  // no truncated documents (they get no gaps)
+  o.position_span = 3000;
+  o.gap_fraction = 1.0;
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  int gapped = 0;
+  for (int i = 0; i < 8; ++i) {
+    Document d = (*t)->TrainDocument(0, i);
+    ASSERT_EQ(d.positions.size(), d.tokens.size());
+    EXPECT_EQ(d.positions.front(), 0);
+    EXPECT_LT(d.positions.back(), 3000);
+    int jumps = 0;
+    for (size_t k = 1; k < d.positions.size(); ++k) {
+      ASSERT_GT(d.positions[k], d.positions[k - 1]);
+      jumps += d.positions[k] - d.positions[k - 1] > 1;
+    }
+    EXPECT_LE(jumps, d.chunks);
+    gapped += d.positions.back() > static_cast<int64_t>(d.tokens.size()) - 1;
+    // The question block ("\nQuestion: ..." to the end) is contiguous.
+    size_t q = d.answer.size();
+    while (q > 0 && (d.answer[q - 1] || d.positions[q] - d.positions[q - 1] == 1)) --q;
+    std::vector<int32_t> tail(d.tokens.begin() + q, d.tokens.end());
+    EXPECT_NE((*t)->tokenizer().Decode(tail).find("Question:"), std::string::npos);
+  }
+  EXPECT_GE(gapped, 7);
+  Document e = (*t)->EvalDocument(1);
+  for (size_t k = 0; k < e.positions.size(); ++k) ASSERT_EQ(e.positions[k], static_cast<int64_t>(k));
+}
+
+// The gradients the trainer optimizes are the true gradients of the loss:
+// for every parameter tensor (Q/K/V rows of each layer's wqkv separately),
+// the analytic directional derivative along the gradient and along a random
+// direction matches central finite differences. (The forward keeps norms,
+// scores and logits in float32, so steps are sized to move the loss by ~1e-3,
+// far above float32 noise.) A detached or mis-masked attention path gives
+// non-zero but wrong gradients, which this catches.
+TEST(TrainTest, GradientsMatchFiniteDifferences) {
+  TrainOptions o = Tiny();
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  const Model& m = (*t)->model();
+  ModelWeights w = m.weights();
+  std::vector<at::Tensor*> leaves = {&w.embed, &w.final_norm, &w.lm_head};
+  for (LayerWeights& l : w.layers) {
+    for (at::Tensor* x : {&l.attn_norm, &l.wqkv, &l.wo, &l.mlp_norm, &l.w_gate_up, &l.w_down}) {
+      leaves.push_back(x);
+    }
+  }
+  for (at::Tensor* x : leaves) *x = x->detach().to(at::kDouble).clone().requires_grad_(true);
+  Model m64(m.config(), w, c10::Device(c10::kCPU), at::kDouble);
+  Document doc = (*t)->TrainDocument(0, 0);
+  const int64_t T = static_cast<int64_t>(doc.tokens.size());
+  at::Tensor tokens = at::tensor(doc.tokens, at::kLong);
+  at::Tensor positions = at::tensor(doc.positions, at::kLong);
+  auto loss_of = [&]() {
+    KvCache cache(m64.n_layers());
+    ForwardOptions fo;
+    fo.logits = ForwardOptions::Logits::kAll;
+    at::Tensor logits = m64.Forward(tokens, positions, at::Tensor(), &cache, fo).logits;
+    at::Tensor logp = at::log_softmax(logits.to(at::kDouble).narrow(0, 0, T - 1), -1);
+    return -logp.gather(1, tokens.narrow(0, 1, T - 1).unsqueeze(1)).mean();
+  };
+  std::vector<at::Tensor> params;
+  for (at::Tensor* x : leaves) params.push_back(*x);
+  std::vector<at::Tensor> grads = torch::autograd::grad({loss_of()}, params);
+  const int64_t hd = m.config().head_dim, nh = m.config().num_attention_heads,
+                nkv = m.config().num_key_value_heads;
+  at::NoGradGuard no_grad;
+  at::manual_seed(5);
+  int checked = 0;
+  auto check = [&](const at::Tensor& p, const at::Tensor& g, const std::string& what) {
+    for (int dir = 0; dir < 2; ++dir) {
+      at::Tensor d = dir == 0 ? g.clone() : at::randn_like(g);
+      d /= d.norm();
+      const double slope = (g * d).sum().item<double>();  // analytic dL/dh along d
+      const double h = 1e-3 / std::max(g.norm().item<double>(), 1e-3);
+      p.add_(d, h);
+      const double up = loss_of().item<double>();
+      p.add_(d, -2 * h);
+      const double down = loss_of().item<double>();
+      p.add_(d, h);
+      const double numeric = (up - down) / (2 * h);
+      EXPECT_NEAR(slope, numeric, 0.03 * std::abs(numeric) + 1e-3 * g.norm().item<double>())
+          << what << (dir == 0 ? " along the gradient" : " along a random direction");
+      ++checked;
+    }
+  };
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string what = "parameter " + std::to_string(i);
+    if (params[i].dim() == 2 && params[i].size(0) == (nh + 2 * nkv) * hd) {
+      const int64_t rows[3][2] = {{0, nh * hd}, {nh * hd, nkv * hd}, {(nh + nkv) * hd, nkv * hd}};
+      const char* names[3] = {" (Q rows)", " (K rows)", " (V rows)"};
+      for (int r = 0; r < 3; ++r) {
+        check(params[i].narrow(0, rows[r][0], rows[r][1]), grads[i].narrow(0, rows[r][0], rows[r][1]),
+              what + names[r]);
+      }
+    } else {
+      check(params[i], grads[i], what);
+    }
+  }
+  EXPECT_GE(checked, 2 * (3 + 8 * static_cast<int>(w.layers.size())));
 }
 
 }  // namespace
