@@ -20,6 +20,16 @@
 namespace infoflow {
 namespace {
 
+// A token id from JSON: -1 (rejected by the callers' range checks) unless it
+// is an integer in int32 range. get<int64_t>() on 1e113 is undefined
+// behaviour (found by tokenizer_fuzz).
+int64_t JsonId(const nlohmann::json& j) {
+  if (!j.is_number_integer()) return -1;
+  const int64_t v = j.is_number_unsigned() && j.get<uint64_t>() > INT32_MAX ? -1 : j.get<int64_t>();
+  return v < 0 || v > INT32_MAX ? -1 : v;
+}
+
+
 using json = nlohmann::json;
 
 // GPT-2's reversible byte -> printable character map: printable Latin-1
@@ -182,13 +192,13 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJsonString(std::string
     if (!vocab.is_object()) return absl::InvalidArgumentError("model.vocab must be an object");
     int64_t max_id = -1;
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      max_id = std::max<int64_t>(max_id, it.value().get<int64_t>());
+      max_id = std::max<int64_t>(max_id, JsonId(it.value()));
     }
     const json empty_array = json::array();
     const json& added = root.contains("added_tokens") && root["added_tokens"].is_array()
                             ? root["added_tokens"]
                             : empty_array;
-    for (const json& a : added) max_id = std::max<int64_t>(max_id, a.at("id").get<int64_t>());
+    for (const json& a : added) max_id = std::max<int64_t>(max_id, JsonId(a.at("id")));
     // Ids are dense in real files; a bound tied to the entry count keeps a
     // tiny hostile file from allocating gigabytes (found by tokenizer_fuzz).
     const int64_t entries = static_cast<int64_t>(vocab.size() + added.size());
@@ -201,13 +211,13 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJsonString(std::string
     std::vector<bool> is_added(max_id + 1, false);
     tok->token_to_id_.reserve(vocab.size() + added.size());
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      const int64_t id = it.value().get<int64_t>();
+      const int64_t id = JsonId(it.value());
       if (id < 0) return absl::InvalidArgumentError("negative id in vocab");
       tok->id_to_token_[id] = it.key();
       tok->token_to_id_[it.key()] = static_cast<int32_t>(id);
     }
     for (const json& a : added) {
-      const int64_t id = a.at("id").get<int64_t>();
+      const int64_t id = JsonId(a.at("id"));
       const std::string content = a.at("content").get<std::string>();
       if (id < 0 || content.empty()) return absl::InvalidArgumentError("bad added token");
       tok->id_to_token_[id] = content;
@@ -501,7 +511,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJsonString(std::string
           const std::string name = item["SpecialToken"].at("id").get<std::string>();
           std::vector<int32_t> ids;
           if (p.contains("special_tokens") && p["special_tokens"].contains(name)) {
-            for (const json& i : p["special_tokens"][name].at("ids")) ids.push_back(i.get<int32_t>());
+            for (const json& i : p["special_tokens"][name].at("ids")) ids.push_back(static_cast<int32_t>(JsonId(i)));
           } else {
             auto it = tok->token_to_id_.find(name);
             if (it == tok->token_to_id_.end()) {

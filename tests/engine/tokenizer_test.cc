@@ -473,7 +473,8 @@ namespace {
 // Reproducers found by engine/fuzz/tokenizer_fuzz.cc (tests/fuzz/crashes/).
 TEST(Tokenizer, RejectsFuzzerReproducers) {
   for (const char* name : {"tokenizer_huge_vocab_id_oom.json",
-                           "tokenizer_post_processor_id_out_of_range.json"}) {
+                           "tokenizer_post_processor_id_out_of_range.json",
+                           "tokenizer_float_vocab_id_ub.json"}) {
     std::ifstream in(std::string(INFOFLOW_SOURCE_DIR "/tests/fuzz/crashes/") + name,
                      std::ios::binary);
     ASSERT_TRUE(in) << name;
