@@ -185,21 +185,58 @@ std::vector<Person> People(Rng& rng, size_t k) {
   return out;
 }
 
+// The fact and question phrasings, shared by the eval tasks and the
+// training documents (a model trained on one must be asked the other).
+std::string NeedleFact(const std::string& name, const std::string& code) {
+  return absl::StrCat("The secret code of ", name, " is ", code, ".");
+}
+std::string NeedleQuestion(const std::string& name) {
+  return absl::StrCat("What is the secret code of ", name, "?");
+}
+std::string ManagerFact(const std::string& a, const std::string& b) {
+  return absl::StrCat(a, "'s manager is ", b, ".");
+}
+std::string WorksInFact(const std::string& name, const std::string& city) {
+  return absl::StrCat(name, " works in ", city, ".");
+}
+std::string ManagerQuestion(const std::string& a) {
+  return absl::StrCat("Where does ", a, "'s manager work?");
+}
+std::string PronounIntroFact(const std::string& name, const std::string& job,
+                             const std::string& landmark) {
+  return absl::StrCat(name, " is a ", job, " who grew up near the ", landmark, ".");
+}
+std::string PronounLivesFact(bool female, const std::string& city) {
+  return absl::StrCat(female ? "She" : "He", " lives in ", city, " and rarely travels.");
+}
+std::string AliasIntroFact(const std::string& name, const std::string& job) {
+  return absl::StrCat(name, " is the only ", job, " in the family.");
+}
+std::string AliasLivesFact(const std::string& job, const std::string& city) {
+  return absl::StrCat("The ", job, " lives in ", city, ".");
+}
+std::string LivesInFact(const std::string& name, const std::string& city) {
+  return absl::StrCat(name, " lives in ", city, ".");
+}
+std::string LivesQuestion(const std::string& name) {
+  return absl::StrCat("Where does ", name, " live?");
+}
+
 EvalExample MakeMultihop(Rng& rng, int n, int words) {
   std::vector<Person> p = People(rng, 3);
   std::vector<size_t> city = Distinct(rng, kCities.size(), 2);
   int a = UniformInt(rng, 0, n - 2);
   int b = UniformInt(rng, a + 1, n - 1);
   std::vector<Fact> facts = {
-      {a, Place::kAnywhere, absl::StrCat(p[0].name, "'s manager is ", p[1].name, ".")},
-      {b, Place::kAnywhere, absl::StrCat(p[1].name, " works in ", kCities[city[0]], ".")},
+      {a, Place::kAnywhere, ManagerFact(p[0].name, p[1].name)},
+      {b, Place::kAnywhere, WorksInFact(p[1].name, kCities[city[0]])},
       // A distractor: someone else's workplace, anywhere.
       {UniformInt(rng, 0, n - 1), Place::kAnywhere,
-       absl::StrCat(p[2].name, " works in ", kCities[city[1]], ".")}};
+       WorksInFact(p[2].name, kCities[city[1]])}};
   EvalExample ex;
   ex.task = "multihop";
   ex.chunks = BuildChunks(rng, n, words, facts);
-  ex.question = absl::StrCat("Where does ", p[0].name, "'s manager work?");
+  ex.question = ManagerQuestion(p[0].name);
   ex.answers = {kCities[city[0]]};
   return ex;
 }
@@ -208,11 +245,11 @@ EvalExample MakeNeedle(Rng& rng, int n, int words, int depth_chunk) {
   Person p = People(rng, 1)[0];
   std::string code = std::to_string(UniformInt(rng, 10000, 99999));
   std::vector<Fact> facts = {
-      {depth_chunk, Place::kAnywhere, absl::StrCat("The secret code of ", p.name, " is ", code, ".")}};
+      {depth_chunk, Place::kAnywhere, NeedleFact(p.name, code)}};
   EvalExample ex;
   ex.task = "needle";
   ex.chunks = BuildChunks(rng, n, words, facts);
-  ex.question = absl::StrCat("What is the secret code of ", p.name, "?");
+  ex.question = NeedleQuestion(p.name);
   ex.answers = {code};
   return ex;
 }
@@ -227,25 +264,23 @@ EvalExample MakeCoref(Rng& rng, int n, int words) {
   if (rng() & 1) {
     // Pronoun: the introduction ends chunk a, the pronoun opens chunk a+1.
     facts.push_back({a, Place::kLast,
-                     absl::StrCat(p[0].name, " is a ", job, " who grew up near the ", landmark,
-                                  ".")});
+                     PronounIntroFact(p[0].name, job, landmark)});
     facts.push_back({a + 1, Place::kFirst,
-                     absl::StrCat(p[0].female ? "She" : "He", " lives in ", kCities[city[0]],
-                                  " and rarely travels.")});
+                     PronounLivesFact(p[0].female, kCities[city[0]])});
   } else {
     // Alias: "the <job>" in any later chunk.
     int b = UniformInt(rng, a + 1, n - 1);
     facts.push_back({a, Place::kAnywhere,
-                     absl::StrCat(p[0].name, " is the only ", job, " in the family.")});
+                     AliasIntroFact(p[0].name, job)});
     facts.push_back({b, Place::kAnywhere,
-                     absl::StrCat("The ", job, " lives in ", kCities[city[0]], ".")});
+                     AliasLivesFact(job, kCities[city[0]])});
   }
   facts.push_back({UniformInt(rng, 0, n - 1), Place::kAnywhere,
-                   absl::StrCat(p[1].name, " lives in ", kCities[city[1]], ".")});
+                   LivesInFact(p[1].name, kCities[city[1]])});
   EvalExample ex;
   ex.task = "coref";
   ex.chunks = BuildChunks(rng, n, words, facts);
-  ex.question = absl::StrCat("Where does ", p[0].name, " live?");
+  ex.question = LivesQuestion(p[0].name);
   ex.answers = {kCities[city[0]]};
   return ex;
 }
@@ -328,8 +363,8 @@ TrainingDocument GenerateTrainingDocument(const TrainingDocOptions& o) {
     if (p == nullptr) break;
     std::string code = std::to_string(UniformInt(rng, 10000, 99999));
     facts.push_back({UniformInt(rng, 0, n - 1), Place::kAnywhere,
-                     absl::StrCat("The secret code of ", p->name, " is ", code, ".")});
-    add_qa(absl::StrCat("What is the secret code of ", p->name, "?"), code, "needle");
+                     NeedleFact(p->name, code)});
+    add_qa(NeedleQuestion(p->name), code, "needle");
   }
   for (int i = 0; i < hops; ++i) {
     const Person* a_p = person();
@@ -338,9 +373,9 @@ TrainingDocument GenerateTrainingDocument(const TrainingDocOptions& o) {
     const std::string& city = Pick(rng, kCities);
     int a = UniformInt(rng, 0, n - 2);
     int b = UniformInt(rng, a + 1, n - 1);
-    facts.push_back({a, Place::kAnywhere, absl::StrCat(a_p->name, "'s manager is ", b_p->name, ".")});
-    facts.push_back({b, Place::kAnywhere, absl::StrCat(b_p->name, " works in ", city, ".")});
-    add_qa(absl::StrCat("Where does ", a_p->name, "'s manager work?"), city, "multihop");
+    facts.push_back({a, Place::kAnywhere, ManagerFact(a_p->name, b_p->name)});
+    facts.push_back({b, Place::kAnywhere, WorksInFact(b_p->name, city)});
+    add_qa(ManagerQuestion(a_p->name), city, "multihop");
   }
   std::vector<bool> pronoun_at(n, false);  // chunk a holds a pronoun setup at its end
   for (int i = 0; i < corefs && i < static_cast<int>(jobs.size()); ++i) {
@@ -353,20 +388,18 @@ TrainingDocument GenerateTrainingDocument(const TrainingDocOptions& o) {
     if ((rng() & 1) && !pronoun_at[a]) {
       pronoun_at[a] = true;
       facts.push_back({a, Place::kLast,
-                       absl::StrCat(p->name, " is a ", job, " who grew up near the ",
-                                    Pick(rng, kLandmarks), ".")});
+                       PronounIntroFact(p->name, job, Pick(rng, kLandmarks))});
       facts.push_back({a + 1, Place::kFirst,
-                       absl::StrCat(p->female ? "She" : "He", " lives in ", city,
-                                    " and rarely travels.")});
+                       PronounLivesFact(p->female, city)});
     } else {
       int b = UniformInt(rng, a + 1, n - 1);
       facts.push_back(
-          {a, Place::kAnywhere, absl::StrCat(p->name, " is the only ", job, " in the family.")});
-      facts.push_back({b, Place::kAnywhere, absl::StrCat("The ", job, " lives in ", city, ".")});
+          {a, Place::kAnywhere, AliasIntroFact(p->name, job)});
+      facts.push_back({b, Place::kAnywhere, AliasLivesFact(job, city)});
     }
     facts.push_back({UniformInt(rng, 0, n - 1), Place::kAnywhere,
-                     absl::StrCat(other->name, " lives in ", Pick(rng, kCities), ".")});
-    add_qa(absl::StrCat("Where does ", p->name, " live?"), city, "coref");
+                     LivesInFact(other->name, Pick(rng, kCities))});
+    add_qa(LivesQuestion(p->name), city, "coref");
   }
   doc.chunks = BuildChunks(rng, n, words, facts);
   // Questions in random order (not fact order).
