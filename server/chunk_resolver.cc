@@ -153,12 +153,12 @@ absl::StatusOr<ResolvedChunks> ChunkResolver::Resolve(const std::vector<ChunkRef
   for (size_t i = 0; i < refs.size(); ++i) {
     if (refs[i].by_key) continue;
     const std::string field = absl::StrCat("chunks[", i, "].text");
-    const std::vector<int32_t>* ids = &text_ids[i];
-    const store::ChunkKey key = ChunkKeyFor(*model_, *ids, mode);
+    const std::vector<int32_t>& ids = text_ids[i];
+    const store::ChunkKey key = ChunkKeyFor(*model_, ids, mode);
     out.keys_hex[i] = key.Hex();
     absl::StatusOr<store::GetResult> res =
         store_->GetOrCompute(key, [&]() -> absl::StatusOr<std::string> {
-          absl::StatusOr<ChunkKv> kv = PrefillChunk(*model_, *ids, mode);
+          absl::StatusOr<ChunkKv> kv = PrefillChunk(*model_, ids, mode);
           if (!kv.ok()) return kv.status();
           return EncodeChunkRecord(*model_, *kv, mode);
         });
@@ -171,7 +171,7 @@ absl::StatusOr<ResolvedChunks> ChunkResolver::Resolve(const std::vector<ChunkRef
     out.chunks[i] = *std::move(kv);
     if (res->computed) {
       ++out.misses;
-      out.prefilled_tokens += static_cast<int64_t>(ids->size());
+      out.prefilled_tokens += static_cast<int64_t>(ids.size());
     } else {
       ++out.hits;
     }

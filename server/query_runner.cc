@@ -34,19 +34,15 @@ QueryRunner::QueryRunner(const Model* model, const Tokenizer* tokenizer,
 absl::StatusOr<QueryOutcome> QueryRunner::Run(const QuerySpec& spec, const TokenSink& sink) const {
   const auto t0 = std::chrono::steady_clock::now();
   QueryOutcome out;
-  absl::StatusOr<ResolvedChunks> resolved = resolver_->Resolve(spec.chunks, spec.prefix_mode, max_context_tokens_);
+  // The resolver refuses a context over the limit before prefilling anything.
+  absl::StatusOr<ResolvedChunks> resolved =
+      resolver_->Resolve(spec.chunks, spec.prefix_mode, max_context_tokens_);
   if (!resolved.ok()) return resolved.status();
   out.fetch_ms = MsSince(t0);
   out.chunk_hits = resolved->hits;
   out.chunk_misses = resolved->misses;
   out.chunk_keys = resolved->keys_hex;
   out.prefilled_tokens = resolved->prefilled_tokens;
-  if (resolved->context_tokens > max_context_tokens_) {
-    return absl::InvalidArgumentError(absl::StrCat("chunks: context of ", resolved->context_tokens,
-                                                   " tokens is over the limit of ",
-                                                   max_context_tokens_, " (--max-context-tokens)"));
-  }
-
   QueryInput input;
   if (spec.prefix_mode == PrefixMode::kBos) {
     input.prefix_ids = {static_cast<int32_t>(model_->config().bos_token_id.value_or(1))};
