@@ -24,11 +24,14 @@ namespace {
 // is an integer in int32 range. get<int64_t>() on 1e113 is undefined
 // behaviour (found by tokenizer_fuzz).
 int64_t JsonId(const nlohmann::json& j) {
+  if (j.is_number_unsigned()) {
+    const uint64_t u = j.get<uint64_t>();
+    return u <= INT32_MAX ? static_cast<int64_t>(u) : -1;
+  }
   if (!j.is_number_integer()) return -1;
-  const int64_t v = j.is_number_unsigned() && j.get<uint64_t>() > INT32_MAX ? -1 : j.get<int64_t>();
-  return v < 0 || v > INT32_MAX ? -1 : v;
+  const int64_t v = j.get<int64_t>();
+  return v >= 0 && v <= INT32_MAX ? v : -1;
 }
-
 
 using json = nlohmann::json;
 
@@ -511,7 +514,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJsonString(std::string
           const std::string name = item["SpecialToken"].at("id").get<std::string>();
           std::vector<int32_t> ids;
           if (p.contains("special_tokens") && p["special_tokens"].contains(name)) {
-            for (const json& i : p["special_tokens"][name].at("ids")) ids.push_back(static_cast<int32_t>(JsonId(i)));
+            for (const json& i : p["special_tokens"][name].at("ids")) {
+              ids.push_back(static_cast<int32_t>(JsonId(i)));
+            }
           } else {
             auto it = tok->token_to_id_.find(name);
             if (it == tok->token_to_id_.end()) {
