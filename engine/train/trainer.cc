@@ -277,14 +277,6 @@ Document Trainer::MakeDocument(uint64_t key, int max_chunks, bool training,
       chunks = std::move(ex.chunks);
       qa.emplace_back(ex.question, ex.answers[0]);
     }
-    // Copy curriculum: a --copy-fraction of documents repeat one earlier
-    // chunk verbatim as an extra last chunk, so every token of the repeat is
-    // predictable by copying (dense signal for the induction heads that
-    // retrieval is built from).
-    const uint64_t c_r = SplitMix(r ^ 0xC0B1ull);
-    if (training && static_cast<double>(c_r % 1000000) < o.copy_fraction * 1e6 && !chunks.empty()) {
-      chunks.push_back(chunks[SplitMix(c_r) % chunks.size()]);
-    }
     std::vector<int64_t> context = {bos_};
     std::vector<size_t> chunk_starts;
     for (const std::string& c : chunks) {
@@ -351,7 +343,6 @@ Document Trainer::MakeDocument(uint64_t key, int max_chunks, bool training,
         doc.positions[t] = t + shift;
       }
     }
-
     return doc;
   }
 }
@@ -725,8 +716,6 @@ Data:
   --position-span N         positional skips: a --gap-fraction of training documents get random
                             position gaps between chunks, last position < N (0 = off)
   --gap-fraction F          (default 0.5)
-  --copy-fraction F         training documents that repeat one earlier chunk verbatim at the end
-                            (a copy curriculum for induction heads; default 0)
 Model (llama; head_dim = hidden / heads):
   --layers 2 --hidden 64 --heads 4 --kv-heads 2 --ffn 128 --vocab 1024 --rope-theta 10000
   --tie-embeddings          the LM head is the embedding matrix (tie_word_embeddings)
@@ -771,7 +760,6 @@ absl::Status ParseTrainFlags(int argc, char** argv, TrainOptions* o, bool* help)
       {"--context-weight", &o->context_weight},
       {"--answer-weight", &o->answer_weight},
       {"--gap-fraction", &o->gap_fraction},
-      {"--copy-fraction", &o->copy_fraction},
       {"--rope-theta", &o->rope_theta}};
   std::map<std::string, std::string*> strings = {
       {"--out", &o->out}, {"--tasks", &tasks}, {"--data", &data}};

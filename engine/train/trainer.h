@@ -59,9 +59,6 @@ struct TrainOptions {
   // the last chunk without a gap. Teaches distances beyond seq_len cheaply.
   int position_span = 0;     // 0 = contiguous positions only
   double gap_fraction = 0.5;
-  // Training documents (not held-out ones) that end their context with a
-  // verbatim repeat of one earlier chunk.
-  double copy_fraction = 0;
   // Model (llama architecture; head_dim = hidden / heads).
   int layers = 2;
   int hidden = 64;
