@@ -54,12 +54,16 @@ struct Entry {
 
 }  // namespace
 
-const char kDigitSplitPattern[] =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+std::string DigitSplitPattern(int max_digits) {
+  const std::string digits =
+      max_digits <= 1 ? R"(\p{N})" : absl::StrCat(R"(\p{N}{1,)", max_digits, "}");
+  return absl::StrCat(R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+|)", digits,
+                      R"(| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)");
+}
 
 absl::StatusOr<std::string> TrainByteLevelBpeTokenizerJson(
     const std::vector<std::string>& corpus, int vocab_size,
-    const std::vector<std::string>& special_tokens, bool split_digits) {
+    const std::vector<std::string>& special_tokens, int max_digits) {
   const int num_special = static_cast<int>(special_tokens.size());
   absl::flat_hash_set<std::string> special_set;
   for (const std::string& s : special_tokens) {
@@ -72,7 +76,7 @@ absl::StatusOr<std::string> TrainByteLevelBpeTokenizerJson(
         "vocab_size ", vocab_size, " < ", num_special, " special tokens + 256 byte symbols"));
   }
   absl::StatusOr<std::unique_ptr<RegexSplitter>> splitter =
-      RegexSplitter::Create(split_digits ? kDigitSplitPattern : kGpt2SplitPattern);
+      RegexSplitter::Create(max_digits > 0 ? DigitSplitPattern(max_digits) : kGpt2SplitPattern);
   if (!splitter.ok()) return splitter.status();
 
   // 1. Count pre-tokenized words, with special tokens cut out of the text.
@@ -232,12 +236,12 @@ absl::StatusOr<std::string> TrainByteLevelBpeTokenizerJson(
   }
   root["added_tokens"] = added;
   root["normalizer"] = nullptr;
-  if (split_digits) {
+  if (max_digits > 0) {
     root["pre_tokenizer"] = {
         {"type", "Sequence"},
         {"pretokenizers",
          {{{"type", "Split"},
-           {"pattern", {{"Regex", kDigitSplitPattern}}},
+           {"pattern", {{"Regex", DigitSplitPattern(max_digits)}}},
            {"behavior", "Isolated"},
            {"invert", false}},
           {{"type", "ByteLevel"},

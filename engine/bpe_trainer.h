@@ -20,9 +20,10 @@ namespace infoflow {
 //                       byte-to-unicode spelling, e.g. byte 0x20 is "Ġ");
 //   S+256 .. vocab-1    merged tokens, in the order they were learned.
 // Pre-tokenizer: ByteLevel with the GPT-2 regex (add_prefix_space false);
-// with `split_digits`, a Split on kDigitSplitPattern (every digit its own
-// pre-token, as Qwen2's tokenizer does) followed by ByteLevel without regex,
-// so numbers are sequences of the 10 digit tokens; decoder: ByteLevel. The post_processor prepends a BOS when
+// with `max_digits` N > 0, a Split on DigitSplitPattern(N) (numbers cut into
+// pre-tokens of at most N digits, left to right, as Qwen2 (N = 1) and
+// Llama 3 (N = 3) do) followed by ByteLevel without regex; decoder:
+// ByteLevel. The post_processor prepends a BOS when
 // Encode(text, add_special = true) is called, if "<s>" (else
 // "<|begin_of_text|>") is among `special_tokens`; otherwise it adds nothing.
 //
@@ -36,11 +37,12 @@ namespace infoflow {
 // empty or repeated.
 absl::StatusOr<std::string> TrainByteLevelBpeTokenizerJson(
     const std::vector<std::string>& corpus, int vocab_size,
-    const std::vector<std::string>& special_tokens, bool split_digits = false);
+    const std::vector<std::string>& special_tokens, int max_digits = 0);
 
-// GPT-2's split regex with ` ?\p{N}+` replaced by `\p{N}`: one digit per
-// pre-token (a space before a number becomes its own pre-token).
-extern const char kDigitSplitPattern[];
+// GPT-2's split regex with ` ?\p{N}+` replaced by `\p{N}{1,max_digits}`:
+// runs of at most `max_digits` digits per pre-token (a space before a number
+// becomes its own pre-token). `max_digits` >= 1.
+std::string DigitSplitPattern(int max_digits);
 
 }  // namespace infoflow
 

@@ -36,6 +36,9 @@ namespace {
 
 constexpr uint64_t kEvalStream = 0xE7A15E7ull;
 constexpr uint64_t kTokenizerStream = 0x70CE41ull;
+// Occurrences of each digit group in the tokenizer corpus (--digit-group):
+// more than any prose pair in a few hundred documents, so groups merge first.
+constexpr int kDigitGroupRepeats = 2000;
 
 uint64_t SplitMix(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -88,6 +91,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& opt
   }
   if (o.heads % o.kv_heads != 0) return absl::InvalidArgumentError("--heads % --kv-heads != 0");
   if (o.vocab < 258) return absl::InvalidArgumentError("--vocab must be >= 258");
+  if (o.max_digits < 0 || o.max_digits > 3) {
+    return absl::InvalidArgumentError("--digit-group must be 0..3");
+  }
   if (o.steps < 0 || o.batch <= 0 || o.seq_len < 16) {
     return absl::InvalidArgumentError("need --steps >= 0, --batch > 0, --seq-len >= 16");
   }
@@ -126,8 +132,22 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& opt
       corpus.push_back(absl::StrCat("\nQuestion: ", ex.question, "\nAnswer: ", ex.answers[0], "\n"));
     }
   }
+  // Every digit group of 2..max_digits digits, so often that each becomes
+  // one token whatever numbers the documents happened to hold. Digit
+  // pre-tokens hold digits only, so these merges do not change the prose's.
+  for (int len = 2; len <= o.max_digits; ++len) {
+    int end = 1;
+    for (int i = 0; i < len; ++i) end *= 10;
+    for (int v = 0; v < end; ++v) {
+      std::string group = std::to_string(v);
+      group.insert(0, len - group.size(), '0');
+      std::string line;
+      for (int rep = 0; rep < kDigitGroupRepeats; ++rep) absl::StrAppend(&line, " ", group);
+      corpus.push_back(std::move(line));
+    }
+  }
   absl::StatusOr<std::string> json =
-      TrainByteLevelBpeTokenizerJson(corpus, o.vocab, {"<s>", "</s>"}, o.split_digits);
+      TrainByteLevelBpeTokenizerJson(corpus, o.vocab, {"<s>", "</s>"}, o.max_digits);
   if (!json.ok()) return json.status();
   t->tokenizer_json_ = *json;
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromJsonString(*json);
@@ -712,7 +732,9 @@ Data:
   --chunk-words N           approximate words per chunk (default 60)
   --max-chunk-words N       words per chunk uniform in [--chunk-words, N] per document (0 = off)
   --tokenizer-docs N        documents the BPE tokenizer is trained on (default 200)
-  --split-digits            tokenizer: every digit its own token (numbers are copied digit by digit)
+  --split-digits            tokenizer: every digit its own token (= --digit-group 1)
+  --digit-group N           tokenizer: numbers cut into tokens of at most N digits (1..3), each
+                            group of 2..N digits one token ("48213" -> "48" "21" "3" for N=2)
   --position-span N         positional skips: a --gap-fraction of training documents get random
                             position gaps between chunks, last position < N (0 = off)
   --gap-fraction F          (default 0.5)
@@ -742,6 +764,7 @@ absl::Status ParseTrainFlags(int argc, char** argv, TrainOptions* o, bool* help)
       {"--chunks", &o->chunks},         {"--min-chunks", &o->min_chunks},
       {"--curriculum-steps", &o->curriculum_steps},
       {"--chunk-words", &o->chunk_words}, {"--tokenizer-docs", &o->tokenizer_docs},
+      {"--digit-group", &o->max_digits},
       {"--max-chunk-words", &o->max_chunk_words}, {"--position-span", &o->position_span},
       {"--layers", &o->layers},         {"--hidden", &o->hidden},
       {"--heads", &o->heads},           {"--kv-heads", &o->kv_heads},
@@ -774,7 +797,7 @@ absl::Status ParseTrainFlags(int argc, char** argv, TrainOptions* o, bool* help)
       continue;
     }
     if (arg == "--split-digits") {
-      o->split_digits = true;
+      o->max_digits = 1;
       continue;
     }
     if (arg == "--tie-embeddings") {

@@ -52,7 +52,10 @@ struct TrainOptions {
   int chunk_words = 60;
   int max_chunk_words = 0;   // > chunk_words: words per chunk uniform in [chunk_words, this]
   int tokenizer_docs = 200;  // generated documents the BPE tokenizer is trained on
-  bool split_digits = false; // tokenizer: one token per digit (numbers copy digit by digit)
+  // Tokenizer: numbers cut into tokens of at most this many digits (0 = GPT-2
+  // rule). 1 = one token per digit; 2 = "48213" -> "48" "21" "3", with every
+  // group of 2..max_digits digits guaranteed a token of its own.
+  int max_digits = 0;
   // Positional skips (PoSE-style): with probability gap_fraction a training
   // document's chunks get random position gaps between them so its last
   // context position is uniform in [T, position_span); the question follows

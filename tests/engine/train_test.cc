@@ -224,6 +224,27 @@ TEST(TrainTest, WorkersDoNotChangeTheResult) {
   EXPECT_EQ(MaxParamDiff((*one)->model(), (*three)->model()), 0.0);
 }
 
+// --digit-group 2: every two-digit group is one token, whatever numbers the
+// tokenizer corpus held; a number is cut left to right; prose is unchanged.
+TEST(TrainTest, DigitGroupsAreSingleTokens) {
+  TrainOptions o = Tiny();
+  o.max_digits = 2;
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  const Tokenizer& tok = (*t)->tokenizer();
+  for (int v = 0; v < 100; ++v) {
+    const std::string group = (v < 10 ? "0" : "") + std::to_string(v);
+    const std::vector<int32_t> ids = tok.Encode(group);
+    ASSERT_EQ(ids.size(), 1u) << group;
+    EXPECT_EQ(tok.Decode(ids), group);
+  }
+  std::vector<std::string> pieces;
+  for (int32_t id : tok.Encode(" 48213.")) pieces.push_back(tok.Decode({id}));
+  EXPECT_EQ(pieces, (std::vector<std::string>{" ", "48", "21", "3", "."}));
+  o.max_digits = 4;
+  EXPECT_FALSE(Trainer::Create(o).ok());
+}
+
 // "mixed": several facts per document, every question followed by its answer;
 // the answer targets are exactly those answers (and the final </s>).
 TEST(TrainTest, MixedDocumentsAnswerEveryQuestion) {
@@ -232,7 +253,7 @@ TEST(TrainTest, MixedDocumentsAnswerEveryQuestion) {
   o.seq_len = 1200;
   o.chunks = 6;
   o.chunk_words = 40;
-  o.split_digits = true;
+  o.max_digits = 1;
   absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(o);
   ASSERT_TRUE(t.ok()) << t.status();
   const Tokenizer& tok = (*t)->tokenizer();
