@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
 #include <list>
+#include <system_error>
 #include <mutex>
 #include <utility>
 
@@ -260,6 +262,15 @@ class ChunkStore::Impl {
 };
 
 absl::Status ChunkStore::Impl::Open() {
+  if (options_.create_if_missing) {
+    // RocksDB creates only the last path component; "./data/kv" on a fresh
+    // checkout needs its parent too.
+    std::error_code ec;
+    std::filesystem::create_directories(options_.path, ec);
+    if (ec) {
+      return absl::InternalError(absl::StrCat("create ", options_.path, ": ", ec.message()));
+    }
+  }
   rocksdb::DBOptions db_opts;
   db_opts.create_if_missing = options_.create_if_missing;
   db_opts.create_missing_column_families = true;

@@ -76,6 +76,25 @@ TEST(ChunkStoreTest, PutGetAndIdempotentPut) {
   EXPECT_EQ(c.puts_already_present.load(), 1u);
 }
 
+// "./data/kv" on a fresh checkout: the parent directory does not exist yet.
+TEST(ChunkStoreTest, OpenCreatesMissingParentDirectories) {
+  TempDir dir;
+  ChunkStoreOptions o = FastOptions(dir);
+  o.path = dir.path() + "/a/b/kv";
+  const TestRecord rec = MakeRecord(3);
+  {
+    auto store = MustOpen(o);
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->Put(rec.key, rec.bytes).ok());
+  }
+  auto store = MustOpen(o);
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(StatusOf(*store, rec.key), GetStatus::kFound);
+  o.path = dir.path() + "/x/y/kv";
+  o.create_if_missing = false;
+  EXPECT_FALSE(ChunkStore::Open(o).ok());
+}
+
 TEST(ChunkStoreTest, PutRejectsRecordOfAnotherKeyOrGarbage) {
   TempDir dir;
   auto store = MustOpen(FastOptions(dir));
