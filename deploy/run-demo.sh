@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The main job, end to end on one machine: build, start infoflow-server on its
-# embedded defaults (RocksDB in ./data/kv, the default model), ingest the sample
-# documents, ask a question whose answer needs a later chunk, stream the answer
-# and the report (InfoFlow and FULL for comparison), then stop the server.
+# defaults (RocksDB in ./data/kv) with the model that ships in
+# models/infoflow-tiny (trained in-project, see its MODEL_CARD.md), ingest the
+# sample documents (five chunks of deploy/demo/docs), ask for the secret code
+# stated in the fourth chunk, stream the answer and the report (InfoFlow and
+# FULL for comparison), then stop the server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/install-deps.sh
@@ -10,7 +12,8 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j2 --target infoflow-server infoflow
 
 ADDR=127.0.0.1:50051
-build/server/infoflow-server --listen "$ADDR" --metrics-listen 127.0.0.1:9464 &
+MODEL=${MODEL:-models/infoflow-tiny}
+build/server/infoflow-server --model "$MODEL" --listen "$ADDR" --metrics-listen 127.0.0.1:9464 &
 SERVER=$!
 trap 'kill -TERM $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 1 120); do
@@ -19,12 +22,15 @@ for _ in $(seq 1 120); do
 done
 
 build/client/infoflow ingest --server "$ADDR" deploy/demo/docs
-Q="Where does Alice's manager work?"
+Q="What is the secret code of Arthur Tanaka?"
+# The prompt format infoflow-tiny was trained on.
+TEMPLATE=$'\nQuestion: {question}\nAnswer:'
+
 CHUNKS=()
 for f in deploy/demo/docs/*.txt; do CHUNKS+=(--chunk-file "$f"); done
 echo; echo "== INFOFLOW (r = 0.15) =="
 build/client/infoflow query --server "$ADDR" --question "$Q" --method infoflow --ratio 0.15 \
-  "${CHUNKS[@]}" --max-new-tokens 24 --report
+  --template "$TEMPLATE" "${CHUNKS[@]}" --max-new-tokens 8 --report
 echo; echo "== FULL prefill =="
 build/client/infoflow query --server "$ADDR" --question "$Q" --method full \
-  "${CHUNKS[@]}" --max-new-tokens 24 --report
+  --template "$TEMPLATE" "${CHUNKS[@]}" --max-new-tokens 8 --report
