@@ -134,7 +134,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& opt
   }
   // Every digit group of 2..max_digits digits, so often that each becomes
   // one token whatever numbers the documents happened to hold. Digit
-  // pre-tokens hold digits only, so these merges do not change the prose's.
+  // pre-tokens hold digits only, so prose merges keep their order; the
+  // groups take 100 (N = 2) or 1100 (N = 3) merges of the vocab budget.
   for (int len = 2; len <= o.max_digits; ++len) {
     int end = 1;
     for (int i = 0; i < len; ++i) end *= 10;
