@@ -11,8 +11,8 @@
 #include <condition_variable>
 #include <filesystem>
 #include <list>
-#include <system_error>
 #include <mutex>
+#include <system_error>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"

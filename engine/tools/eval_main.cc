@@ -442,6 +442,7 @@ absl::Status Run(const Flags& f) {
 
   nlohmann::ordered_json per_example = nlohmann::ordered_json::array();
   const size_t n_examples = examples->size();
+  bool warned_positions = false;
   for (size_t e = 0; e < n_examples; ++e) {
     const EvalExample& ex = (*examples)[e];
     QueryInput input = base;
@@ -461,6 +462,18 @@ absl::Status Run(const Flags& f) {
     input.prompt_ids = tokenizer.Encode(absl::StrReplaceAll(tmpl, {{"{question}", ex.question}}));
     if (input.question_ids.empty() || input.prompt_ids.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("example ", e, ": empty question"));
+    }
+    int64_t positions = static_cast<int64_t>(input.prompt_ids.size()) + f.max_new_tokens;
+    for (const auto& c : input.chunks) positions += c->size();
+    if (positions > m.config().max_position_embeddings && !warned_positions) {
+      // Decode stops at the model's last position: answers come out short
+      // or empty, and would be scored as wrong without this note.
+      std::fprintf(stderr,
+                   "warning: example %zu needs %lld positions (context + prompt + "
+                   "--max-new-tokens) > max_position_embeddings %lld; generation stops there\n",
+                   e, static_cast<long long>(positions),
+                   static_cast<long long>(m.config().max_position_embeddings));
+      warned_positions = true;
     }
 
     at::Tensor full_lp;

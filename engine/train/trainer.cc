@@ -166,7 +166,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& opt
   spec.num_heads = o.heads;
   spec.num_kv_heads = o.kv_heads;
   spec.intermediate_size = o.ffn;
-  spec.max_position_embeddings = std::max(4096, o.seq_len);
+  spec.max_position_embeddings = std::max({4096, o.seq_len, o.position_span});
   spec.rope_theta = o.rope_theta;
   spec.tie_word_embeddings = o.tie_embeddings;
   ModelConfig& c = t->config_;
