@@ -22,12 +22,13 @@ for ((i = 0; i < n; i++)); do
   name=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["checks"][int(sys.argv[2])]["name"])' "$CHECKS" "$i")
   want=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["checks"][int(sys.argv[2])]["full_em"])' "$CHECKS" "$i")
   out=$WORK/check$i.json
-  "$EVAL" --model "$MODEL" --methods FULL --threads 1 --device cpu "${args[@]}" --out-json "$out" >/dev/null
+  "$EVAL" --model "$MODEL" --methods FULL --threads 1 --device cpu "${args[@]}" --out-json "$out" \
+    >"$WORK/check$i.log" 2>&1 || { tail -20 "$WORK/check$i.log"; exit 1; }
   got=$(python3 -c 'import json,sys; r=[x for x in json.load(open(sys.argv[1]))["results"] if x["method"]=="FULL"]; print(r[0]["em"])' "$out")
   if python3 -c 'import sys; sys.exit(0 if abs(float(sys.argv[1]) - float(sys.argv[2])) <= 0.02 + 1e-9 else 1)' "$got" "$want"; then
     echo "ok   $name: FULL EM $got (model card $want)"
   else
-    echo "FAIL $name: FULL EM $got, model card says $want (tolerance 0.02)"
+    echo "FAIL $name: FULL EM $got, model card says $want (tolerance 0.02); log $WORK/check$i.log"
     status=1
   fi
 done
