@@ -54,6 +54,10 @@ struct Entry {
 
 }  // namespace
 
+// Above the count of any prose pair in a few hundred documents, so digit
+// groups are never cut by the vocab budget before prose merges are.
+constexpr int64_t kDigitGroupCount = 2000;
+
 std::string DigitSplitPattern(int max_digits) {
   const std::string digits =
       max_digits <= 1 ? R"(\p{N})" : absl::StrCat(R"(\p{N}{1,)", max_digits, "}");
@@ -74,6 +78,9 @@ absl::StatusOr<std::string> TrainByteLevelBpeTokenizerJson(
   if (vocab_size < num_special + 256) {
     return absl::InvalidArgumentError(absl::StrCat(
         "vocab_size ", vocab_size, " < ", num_special, " special tokens + 256 byte symbols"));
+  }
+  if (max_digits < 0 || max_digits > 3) {
+    return absl::InvalidArgumentError(absl::StrCat("max_digits ", max_digits, " not in 0..3"));
   }
   absl::StatusOr<std::unique_ptr<RegexSplitter>> splitter =
       RegexSplitter::Create(max_digits > 0 ? DigitSplitPattern(max_digits) : kGpt2SplitPattern);
@@ -102,6 +109,18 @@ absl::StatusOr<std::string> TrainByteLevelBpeTokenizerJson(
       }
       count_words(std::string_view(text).substr(start, best - start));
       start = best + best_len;
+    }
+  }
+  // Every group of 2..max_digits digits gets a token, whatever numbers the
+  // corpus happened to hold: each is counted kDigitGroupCount more times.
+  // Digit pre-tokens hold digits only, so prose merges keep their order.
+  for (int len = 2; len <= max_digits; ++len) {
+    int end = 1;
+    for (int i = 0; i < len; ++i) end *= 10;
+    for (int v = 0; v < end; ++v) {
+      std::string group = std::to_string(v);
+      group.insert(0, len - group.size(), '0');
+      word_counts[group] += kDigitGroupCount;
     }
   }
   // Hash order is not stable across processes: sort for determinism.

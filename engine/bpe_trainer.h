@@ -22,7 +22,9 @@ namespace infoflow {
 // Pre-tokenizer: ByteLevel with the GPT-2 regex (add_prefix_space false);
 // with `max_digits` N > 0, a Split on DigitSplitPattern(N) (numbers cut into
 // pre-tokens of at most N digits, left to right, as Qwen2 (N = 1) and
-// Llama 3 (N = 3) do) followed by ByteLevel without regex; decoder:
+// Llama 3 (N = 3) do) followed by ByteLevel without regex, and every group
+// of 2..N digits ("07", "480") is counted as 2000 extra words so that it
+// becomes one token (100 merges for N = 2, 1100 for N = 3); decoder:
 // ByteLevel. The post_processor prepends a BOS when
 // Encode(text, add_special = true) is called, if "<s>" (else
 // "<|begin_of_text|>") is among `special_tokens`; otherwise it adds nothing.
@@ -33,8 +35,8 @@ namespace infoflow {
 // is a deterministic function of the arguments. Training stops early (with
 // a smaller vocab) when no pair is left to merge.
 //
-// Errors: InvalidArgument if vocab_size < S + 256 or a special token is
-// empty or repeated.
+// Errors: InvalidArgument if vocab_size < S + 256, a special token is
+// empty or repeated, or max_digits is not in 0..3.
 absl::StatusOr<std::string> TrainByteLevelBpeTokenizerJson(
     const std::vector<std::string>& corpus, int vocab_size,
     const std::vector<std::string>& special_tokens, int max_digits = 0);

@@ -36,9 +36,6 @@ namespace {
 
 constexpr uint64_t kEvalStream = 0xE7A15E7ull;
 constexpr uint64_t kTokenizerStream = 0x70CE41ull;
-// Occurrences of each digit group in the tokenizer corpus (--digit-group):
-// more than any prose pair in a few hundred documents, so groups merge first.
-constexpr int kDigitGroupRepeats = 2000;
 
 uint64_t SplitMix(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -130,21 +127,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& opt
     for (const EvalExample& ex : GenerateEvalSet(g)) {
       for (const std::string& c : ex.chunks) corpus.push_back(c);
       corpus.push_back(absl::StrCat("\nQuestion: ", ex.question, "\nAnswer: ", ex.answers[0], "\n"));
-    }
-  }
-  // Every digit group of 2..max_digits digits, so often that each becomes
-  // one token whatever numbers the documents happened to hold. Digit
-  // pre-tokens hold digits only, so prose merges keep their order; the
-  // groups take 100 (N = 2) or 1100 (N = 3) merges of the vocab budget.
-  for (int len = 2; len <= o.max_digits; ++len) {
-    int end = 1;
-    for (int i = 0; i < len; ++i) end *= 10;
-    for (int v = 0; v < end; ++v) {
-      std::string group = std::to_string(v);
-      group.insert(0, len - group.size(), '0');
-      std::string line;
-      for (int rep = 0; rep < kDigitGroupRepeats; ++rep) absl::StrAppend(&line, " ", group);
-      corpus.push_back(std::move(line));
     }
   }
   absl::StatusOr<std::string> json =

@@ -462,6 +462,8 @@ TEST(BpeTrainer, RejectsBadArguments) {
   EXPECT_FALSE(TrainByteLevelBpeTokenizerJson({"x"}, 100, {}).ok());
   EXPECT_FALSE(TrainByteLevelBpeTokenizerJson({"x"}, 300, {"<s>", "<s>"}).ok());
   EXPECT_FALSE(TrainByteLevelBpeTokenizerJson({"x"}, 300, {""}).ok());
+  EXPECT_FALSE(TrainByteLevelBpeTokenizerJson({"x"}, 300, {}, 4).ok());
+  EXPECT_FALSE(TrainByteLevelBpeTokenizerJson({"x"}, 300, {}, -1).ok());
 }
 
 }  // namespace
