@@ -9,9 +9,9 @@
 # Phases 1-2 follow a cosine LR schedule over 6000 steps; phase 3 (1.5 s a
 # step, 4x the tokens) resumes at step 3500 on a schedule of 4800 steps, which
 # lowers the LR from 1.2e-3 to 6.4e-4 and anneals it to the floor by step 4800:
-# the whole run took 35.6 minutes on 2 cores (train_log.txt). A model that answers at
-# 2K but not at 4K tokens after phase 2 (measured: 0.95 vs 0.00) is why phase 3
-# exists.
+# the whole run took 35.6 minutes on 2 cores (train_log.txt). Phase 3 is what
+# lifts 4K: after phase 2 FULL exact match on the model card's needle sets was
+# 0.94 at 2K and 0.83 at 4K tokens; after phase 3, 0.99 and 0.97.
 # Tied embeddings and the answer-heavy loss (answer 20 : context 0.1) are what
 # made retrieval learnable at this size; see MODEL_CARD.md.
 #
