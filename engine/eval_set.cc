@@ -221,6 +221,71 @@ std::string LivesInFact(const std::string& name, const std::string& city) {
 std::string LivesQuestion(const std::string& name) {
   return absl::StrCat("Where does ", name, " live?");
 }
+std::string PronounCodeFact(bool female, const std::string& code) {
+  return absl::StrCat(female ? "Her" : "His", " secret code is ", code, ".");
+}
+
+// Other numbered attributes: the decoys of the split task.
+const std::vector<std::string> kDecoyKeys = {"room number", "phone number", "ticket number",
+                                             "badge number"};
+
+// xref and split: k >= 2 (when n >= 3) numbered facts at distinct chunk
+// boundaries, each about a different person (genders mixed); the question
+// asks for one of them.
+//   xref: chunk c ends with PronounIntroFact(<P_c>), chunk c+1 opens with
+//   "Her/His secret code is <n_c>."; any pair is asked.
+//   split: "The <key> of <P_c> is <n_c>." cut after the name, as fixed-size
+//   chunking cuts sentences: chunk c ends "The <key> of <P_c>", chunk c+1
+//   opens " is <n_c>." (the space stays with the second half, so FULL's
+//   tokens are the uncut sentence's). One fact has key "secret code" and is
+//   asked; the others are decoys (room number, ...). The asked fact differs
+//   from the decoys only by words in chunk c.
+// Either way nothing in chunk c+1 ties its number to a person or a key:
+// only the previous chunk's last words do.
+struct XrefLayout {
+  std::vector<std::string> chunks;
+  std::vector<std::pair<std::string, std::string>> name_code;  // in chunk order
+  size_t asked = 0;  // split: the index of the secret code
+};
+XrefLayout MakeXrefLayout(Rng& rng, int n, int words, bool split) {
+  const int boundaries = std::min<int>(n - 1, kSurnames.size());
+  const int k = UniformInt(rng, std::min(2, boundaries), boundaries);
+  std::vector<size_t> at = Distinct(rng, n - 1, k);
+  std::sort(at.begin(), at.end());
+  std::vector<Person> p = People(rng, k);
+  std::vector<Fact> facts;
+  XrefLayout out;
+  out.asked = Uniform(rng, k);
+  for (int i = 0; i < k; ++i) {
+    const int c = static_cast<int>(at[i]);
+    std::string code = std::to_string(UniformInt(rng, 10000, 99999));
+    if (split) {
+      const std::string key =
+          static_cast<size_t>(i) == out.asked ? "secret code" : Pick(rng, kDecoyKeys);
+      facts.push_back({c, Place::kLast, absl::StrCat("The ", key, " of ", p[i].name)});
+      facts.push_back({c + 1, Place::kFirst, absl::StrCat(" is ", code, ".")});
+    } else {
+      facts.push_back(
+          {c, Place::kLast, PronounIntroFact(p[i].name, Pick(rng, kJobs), Pick(rng, kLandmarks))});
+      facts.push_back({c + 1, Place::kFirst, PronounCodeFact(p[i].female, code)});
+    }
+    out.name_code.emplace_back(p[i].name, code);
+  }
+  out.chunks = BuildChunks(rng, n, words, facts);
+  return out;
+}
+
+EvalExample MakeXref(Rng& rng, int n, int words, bool split) {
+  XrefLayout layout = MakeXrefLayout(rng, n, words, split);
+  const size_t asked = split ? layout.asked : Uniform(rng, layout.name_code.size());
+  const auto& [name, code] = layout.name_code[asked];
+  EvalExample ex;
+  ex.task = split ? "split" : "xref";
+  ex.question = NeedleQuestion(name);
+  ex.answers = {code};
+  ex.chunks = std::move(layout.chunks);
+  return ex;
+}
 
 EvalExample MakeMultihop(Rng& rng, int n, int words) {
   std::vector<Person> p = People(rng, 3);
@@ -292,7 +357,7 @@ std::vector<std::string> Words(const std::string& normalized) {
 }  // namespace
 
 const std::vector<std::string>& EvalTaskNames() {
-  static const std::vector<std::string> kNames = {"multihop", "needle", "coref"};
+  static const std::vector<std::string> kNames = {"multihop", "needle", "coref", "xref", "split"};
   return kNames;
 }
 
@@ -331,6 +396,8 @@ std::vector<EvalExample> GenerateEvalSet(const EvalSetOptions& options) {
       out.push_back(MakeMultihop(rng, n, words));
     } else if (task == "needle") {
       out.push_back(MakeNeedle(rng, n, words, (depth_start + needles++) % n));
+    } else if (task == "xref" || task == "split") {
+      out.push_back(MakeXref(rng, n, words, task == "split"));
     } else {
       out.push_back(MakeCoref(rng, n, words));
     }
@@ -408,6 +475,22 @@ TrainingDocument GenerateTrainingDocument(const TrainingDocOptions& o) {
     std::swap(doc.questions[i - 1], doc.questions[j]);
     std::swap(doc.answers[i - 1], doc.answers[j]);
     std::swap(doc.tasks[i - 1], doc.tasks[j]);
+  }
+  return doc;
+}
+
+TrainingDocument GenerateXrefTrainingDocument(int n_chunks, int chunk_words, uint64_t seed,
+                                              bool split) {
+  Rng rng(SplitMix(seed ^ 0x78726566646f63ull));
+  XrefLayout layout = MakeXrefLayout(rng, std::max(2, n_chunks), std::max(1, chunk_words), split);
+  std::vector<size_t> order = Distinct(rng, layout.name_code.size(), layout.name_code.size());
+  TrainingDocument doc;
+  doc.chunks = std::move(layout.chunks);
+  for (size_t i : order) {
+    if (split && i != layout.asked) continue;  // only the secret code is asked
+    doc.questions.push_back(NeedleQuestion(layout.name_code[i].first));
+    doc.answers.push_back(layout.name_code[i].second);
+    doc.tasks.push_back(split ? "split" : "xref");
   }
   return doc;
 }

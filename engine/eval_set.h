@@ -12,6 +12,20 @@
 //             <City>." (pronoun, at the start of chunk a+1) or "The <job>
 //             lives in <City>." (alias, any later chunk)
 //             Q: "Where does <A> live?"                     answer: City
+//   xref      2..n-1 chunk boundaries each carry a pronoun pair: chunk c
+//             ends "<P> is a <job> who grew up near the <landmark>.", chunk
+//             c+1 opens "Her/His secret code is <n>." (distinct people,
+//             genders mixed)
+//             Q: "What is the secret code of <P>?"          answer: n
+//   split     like xref, but each fact is a numbered-attribute sentence cut
+//             after the name, as fixed-size chunking cuts sentences: chunk c
+//             ends "The <key> of <P>", chunk c+1 opens " is <n>.". One key is
+//             "secret code"; the others are decoys ("room number", ...)
+//             Q: "What is the secret code of <P>?"          answer: n
+//             Unlike coref, nothing at question time ties a code to its
+//             person in xref and split (no name, no distractor to rule
+//             out): only a KV of chunk c+1 that has seen chunk c does, so
+//             NONE is at chance and these tasks measure the NONE -> FULL gap.
 // The rest of every chunk is seeded filler prose about other made-up people
 // and places; filler never uses the fact phrasings ("manager", "works in",
 // "secret code", "lives in"), the answer cities or the job titles.
@@ -34,7 +48,7 @@ struct EvalExample {
   std::vector<std::string> chunks;
   std::string question;
   std::vector<std::string> answers;
-  std::string task;  // "multihop", "needle", "coref" (free text when loaded)
+  std::string task;  // EvalTaskNames() (free text when loaded)
 };
 
 struct EvalSetOptions {
@@ -42,7 +56,7 @@ struct EvalSetOptions {
   int n_chunks = 6;       // meant for 4..16; clamped to >= 2
   int chunk_words = 60;   // approximate words per chunk (facts included)
   uint64_t seed = 0;
-  // Tasks cycled over examples in this order; empty = all three.
+  // Tasks cycled over examples in this order; empty = EvalTaskNames().
   std::vector<std::string> tasks = {"multihop", "needle", "coref"};
 };
 
@@ -79,6 +93,13 @@ struct TrainingDocument {
 };
 // Deterministic in `options`.
 TrainingDocument GenerateTrainingDocument(const TrainingDocOptions& options);
+
+// A training document for the xref (split = false) or split task: the
+// chunks of one layout and, for xref, one question per pair (all of them, in
+// random order) so every forward pass supervises every binding; for split
+// the one secret-code question. Deterministic in the arguments.
+TrainingDocument GenerateXrefTrainingDocument(int n_chunks, int chunk_words, uint64_t seed,
+                                              bool split = false);
 
 // One JSONL line (no trailing newline):
 // {"chunks": [...], "question": "...", "answers": [...], "task": "..."}

@@ -60,7 +60,7 @@ Usage:
   infoflow-eval --write-eval-set FILE.jsonl --synthetic N [synthetic options]
 
 Synthetic options:
-  --task multihop|needle|coref|all   (default all; comma lists allowed)
+  --task multihop|needle|coref|xref|all   (default all; comma lists allowed)
   --chunks C        chunks per example (4..16, default 6)
   --chunk-words W   approximate words per chunk (default 60)
   --seed S          generator seed; RANDOM uses S + example index (default 0)

@@ -99,7 +99,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& opt
   }
   EvalSetOptions check;
   for (const std::string& t : o.tasks) {
-    if (t != "mixed") check.tasks.push_back(t);
+    if (t != "mixed" && t != "needles") check.tasks.push_back(t);
   }
   if (absl::Status s = ValidateEvalSetOptions(check); !s.ok()) return s;
 
@@ -121,9 +121,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& opt
     g.n_chunks = o.chunks;
     g.chunk_words = o.chunk_words;
     g.seed = Key(o.seed, kTokenizerStream, i, 0);
-    // Every eval task, whatever --tasks trains on: the tokenizer must cover
-    // the eval's vocabulary (and a later --resume phase's tasks).
-    g.tasks = {EvalTaskNames()[i % EvalTaskNames().size()]};
+    // These three tasks, whatever --tasks trains on: the tokenizer must cover
+    // the eval's vocabulary (and a later --resume phase's tasks). xref and
+    // split reuse their words (split's decoy keys fall back to smaller
+    // tokens); leaving them out keeps the corpus, and so the shipped
+    // models/infoflow-tiny tokenizer, what it was before they existed.
+    static const std::vector<std::string> kTokenizerTasks = {"multihop", "needle", "coref"};
+    g.tasks = {kTokenizerTasks[i % kTokenizerTasks.size()]};
     for (const EvalExample& ex : GenerateEvalSet(g)) {
       for (const std::string& c : ex.chunks) corpus.push_back(c);
       corpus.push_back(absl::StrCat("\nQuestion: ", ex.question, "\nAnswer: ", ex.answers[0], "\n"));
@@ -267,6 +271,24 @@ Document Trainer::MakeDocument(uint64_t key, int max_chunks, bool training,
       t.chunk_words = words;
       t.seed = key;
       TrainingDocument d = GenerateTrainingDocument(t);
+      chunks = std::move(d.chunks);
+      for (size_t i = 0; i < d.questions.size(); ++i) qa.emplace_back(d.questions[i], d.answers[i]);
+    } else if (task == "needles") {
+      // 1..6 needles about different people, every one asked: the name, not
+      // the phrase "secret code", must pick the code.
+      TrainingDocOptions t;
+      t.n_chunks = n;
+      t.chunk_words = words;
+      t.max_needles = 6;
+      t.max_multihops = 0;
+      t.max_corefs = 0;
+      t.seed = key;
+      TrainingDocument d = GenerateTrainingDocument(t);
+      chunks = std::move(d.chunks);
+      for (size_t i = 0; i < d.questions.size(); ++i) qa.emplace_back(d.questions[i], d.answers[i]);
+    } else if ((task == "xref" || task == "split") && training) {
+      // xref: every pair asked, k supervised bindings per forward pass.
+      TrainingDocument d = GenerateXrefTrainingDocument(n, words, key, task == "split");
       chunks = std::move(d.chunks);
       for (size_t i = 0; i < d.questions.size(); ++i) qa.emplace_back(d.questions[i], d.answers[i]);
     } else {
@@ -706,9 +728,11 @@ const char kTrainUsage[] = R"(infoflow-train: train the engine's Model on synthe
 Usage: infoflow-train [flags]
 Data:
   --data synthetic          the only source (engine/eval_set.h generator)
-  --tasks LIST              multihop,needle,coref or all (default all); "mixed" = documents with
-                            several facts of every task and one question per fact (eval_set.h
-                            GenerateTrainingDocument); repeat a name to weight it
+  --tasks LIST              multihop,needle,coref,xref,split or all (default all); "mixed" =
+                            documents with several facts of every task and one question per fact
+                            (eval_set.h GenerateTrainingDocument); "needles" = 1..6 needles, all
+                            asked; repeat a name to weight it. xref training documents ask every
+                            pair of the document
   --chunks N                most chunks per document (default 6)
   --min-chunks N            fewest chunks per document (default 2)
   --curriculum-steps N      most chunks grows from --min-chunks to --chunks over N steps (0 = off)

@@ -1,5 +1,5 @@
 // infoflow-train: trains the engine's own Model class (engine/model.h) on the
-// synthetic multihop / needle / coref documents of engine/eval_set.h.
+// synthetic multihop / needle / coref / xref documents of engine/eval_set.h.
 //
 // The trainable parameters are the fused tensors Model runs with (wqkv,
 // w_gate_up, ...), as leaf tensors with requires_grad. They are wrapped in an

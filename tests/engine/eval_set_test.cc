@@ -60,7 +60,7 @@ TEST(EvalSetTest, ShapeAnswersInTextAndLength) {
   ASSERT_EQ(set.size(), 12u);
   for (size_t i = 0; i < set.size(); ++i) {
     const EvalExample& ex = set[i];
-    EXPECT_EQ(ex.task, EvalTaskNames()[i % 3]);
+    EXPECT_EQ(ex.task, EvalTaskNames()[i % EvalTaskNames().size()]);
     ASSERT_EQ(ex.chunks.size(), 6u);
     ASSERT_FALSE(ex.answers.empty());
     EXPECT_GE(ChunkWith(ex, ex.answers[0]), 0) << ex.answers[0] << " in " << EvalExampleToJson(ex);
@@ -111,6 +111,64 @@ TEST(EvalSetTest, CorefRefersBackAcrossChunks) {
     ASSERT_GE(lives, 0);
     EXPECT_LT(intro, lives);
     EXPECT_EQ(ex.chunks[lives].find(name), std::string::npos) << "named in the fact chunk";
+  }
+}
+
+// xref / split: the asked code opens the chunk after the one that ends with
+// the person, never names anyone, and at least one other pair gives a
+// different code, so only the boundary ties the answer to the question.
+TEST(EvalSetTest, XrefAndSplitBindOnlyAcrossTheChunkBoundary) {
+  for (const std::string task : {"xref", "split"}) {
+    SCOPED_TRACE(task);
+    const bool split = task == "split";
+    auto opens_with_code = [&](const std::string& chunk) {
+      return split ? chunk.rfind(" is ", 0) == 0
+                   : chunk.rfind("Her secret code is ", 0) == 0 ||
+                         chunk.rfind("His secret code is ", 0) == 0;
+    };
+    auto set = GenerateEvalSet(Opts(12, 4, {task}));
+    std::set<int> pairs_seen;
+    for (const EvalExample& ex : set) {
+      ASSERT_EQ(ex.task, task);
+      const std::string prefix = "What is the secret code of ";
+      ASSERT_EQ(ex.question.rfind(prefix, 0), 0u) << ex.question;
+      const std::string name =
+          ex.question.substr(prefix.size(), ex.question.size() - prefix.size() - 1);
+      int code_chunk = ChunkWith(ex, " is " + ex.answers[0] + ".");
+      ASSERT_GE(code_chunk, 1) << EvalExampleToJson(ex);
+      const std::string& c = ex.chunks[code_chunk];
+      EXPECT_TRUE(opens_with_code(c)) << c;
+      EXPECT_EQ(c.find(name), std::string::npos);
+      const std::string& prev = ex.chunks[code_chunk - 1];
+      if (split) {
+        const std::string tail = "The secret code of " + name;
+        EXPECT_EQ(ChunkWith(ex, "The secret code of "), code_chunk - 1) << "one secret code";
+        ASSERT_GE(prev.size(), tail.size());
+        EXPECT_EQ(prev.substr(prev.size() - tail.size()), tail) << prev;
+      } else {
+        const size_t intro = prev.rfind(name + " is a ");
+        ASSERT_NE(intro, std::string::npos) << name << " not in " << prev;
+        EXPECT_EQ(prev.find('.', intro), prev.size() - 1) << "intro is not the last sentence";
+      }
+      int pairs = 0;
+      for (const std::string& chunk : ex.chunks) pairs += opens_with_code(chunk);
+      EXPECT_GE(pairs, 2);
+      pairs_seen.insert(pairs);
+    }
+    EXPECT_GE(pairs_seen.size(), 2u) << "the number of pairs should vary";
+
+    TrainingDocument doc = GenerateXrefTrainingDocument(8, 40, 5, split);
+    ASSERT_EQ(doc.questions.size() == 1, split) << doc.questions.size();
+    ASSERT_EQ(doc.questions.size(), doc.answers.size());
+    for (size_t i = 0; i < doc.questions.size(); ++i) {
+      EXPECT_EQ(doc.tasks[i], task);
+      bool found = false;
+      for (const std::string& chunk : doc.chunks) {
+        found |= chunk.find(" is " + doc.answers[i] + ".") != std::string::npos;
+      }
+      EXPECT_TRUE(found) << doc.answers[i];
+    }
+    EXPECT_EQ(GenerateXrefTrainingDocument(8, 40, 5, split).chunks, doc.chunks);
   }
 }
 

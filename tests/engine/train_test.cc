@@ -294,6 +294,47 @@ TEST(TrainTest, MixedDocumentsAnswerEveryQuestion) {
   EXPECT_EQ(text.find("\nQuestion: "), text.rfind("\nQuestion: ")) << text;
 }
 
+// --tasks needles / xref / split: needles and xref documents ask several
+// questions (every fact), split asks the one secret code among decoys.
+TEST(TrainTest, NeedlesXrefAndSplitDocuments) {
+  for (const std::string task : {"needles", "xref", "split"}) {
+    SCOPED_TRACE(task);
+    TrainOptions o = Tiny();
+    o.tasks = {task};
+    o.seq_len = 1200;
+    o.chunks = 6;
+    o.min_chunks = 4;
+    o.chunk_words = 20;
+    absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(o);
+    ASSERT_TRUE(t.ok()) << t.status();
+    const Tokenizer& tok = (*t)->tokenizer();
+    int multi = 0;
+    for (int i = 0; i < 6; ++i) {
+      Document d = (*t)->TrainDocument(0, i);
+      EXPECT_EQ(d.task, task);
+      const std::string text =
+          tok.Decode(std::vector<int32_t>(d.tokens.begin() + 1, d.tokens.end()));
+      size_t questions = 0;
+      for (size_t p = text.find("\nQuestion: "); p != std::string::npos;
+           p = text.find("\nQuestion: ", p + 1)) {
+        ++questions;
+      }
+      multi += questions > 1;
+      if (task == "xref") {
+        EXPECT_GE(questions, 2u) << text;
+      }
+      if (task == "split") {
+        EXPECT_EQ(questions, 1u) << text;
+        EXPECT_NE(text.find("The secret code of "), std::string::npos) << text;
+      }
+      ASSERT_GE(questions, 1u) << text;
+    }
+    if (task != "split") {
+      EXPECT_GT(multi, 0) << "no document asked more than one question";
+    }
+  }
+}
+
 // Positional skips: ascending positions within --position-span, gaps only at
 // chunk starts, the question right after the last chunk; held-out documents
 // keep 0..T-1.
