@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -265,32 +266,29 @@ Document Trainer::MakeDocument(uint64_t key, int max_chunks, bool training,
   for (;; --n) {
     std::vector<std::string> chunks;
     std::vector<std::pair<std::string, std::string>> qa;  // question, answer
-    if (task == "mixed") {
+    // Multi-question documents (every fact asked); the rest are eval-style.
+    std::optional<TrainingDocument> multi;
+    if (task == "mixed" || task == "needles") {
       TrainingDocOptions t;
       t.n_chunks = n;
       t.chunk_words = words;
       t.seed = key;
-      TrainingDocument d = GenerateTrainingDocument(t);
-      chunks = std::move(d.chunks);
-      for (size_t i = 0; i < d.questions.size(); ++i) qa.emplace_back(d.questions[i], d.answers[i]);
-    } else if (task == "needles") {
-      // 1..6 needles about different people, every one asked: the name, not
-      // the phrase "secret code", must pick the code.
-      TrainingDocOptions t;
-      t.n_chunks = n;
-      t.chunk_words = words;
-      t.max_needles = 6;
-      t.max_multihops = 0;
-      t.max_corefs = 0;
-      t.seed = key;
-      TrainingDocument d = GenerateTrainingDocument(t);
-      chunks = std::move(d.chunks);
-      for (size_t i = 0; i < d.questions.size(); ++i) qa.emplace_back(d.questions[i], d.answers[i]);
+      if (task == "needles") {
+        // 1..6 needles about different people: the name, not the phrase
+        // "secret code", must pick the code.
+        t.max_needles = 6;
+        t.max_multihops = 0;
+        t.max_corefs = 0;
+      }
+      multi = GenerateTrainingDocument(t);
     } else if ((task == "xref" || task == "split") && training) {
-      // xref: every pair asked, k supervised bindings per forward pass.
-      TrainingDocument d = GenerateXrefTrainingDocument(n, words, key, task == "split");
-      chunks = std::move(d.chunks);
-      for (size_t i = 0; i < d.questions.size(); ++i) qa.emplace_back(d.questions[i], d.answers[i]);
+      multi = GenerateXrefTrainingDocument(n, words, key, task == "split");
+    }
+    if (multi) {
+      chunks = std::move(multi->chunks);
+      for (size_t i = 0; i < multi->questions.size(); ++i) {
+        qa.emplace_back(multi->questions[i], multi->answers[i]);
+      }
     } else {
       EvalSetOptions g;
       g.n_examples = 1;
