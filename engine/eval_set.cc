@@ -8,9 +8,11 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "engine/tokenizer.h"
 #include "nlohmann/json.hpp"
 
 namespace infoflow {
@@ -629,6 +631,32 @@ double TokenF1(std::string_view generated, const std::vector<std::string>& answe
     best = std::max(best, 2 * p * r / (p + r));
   }
   return best;
+}
+
+TokenSpan FindAnswerTokens(const Tokenizer& tokenizer, const std::vector<std::string>& chunks,
+                           const std::vector<std::string>& answers) {
+  auto word_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; };
+  int64_t offset = 0;
+  for (const std::string& text : chunks) {
+    for (const std::string& a : answers) {
+      const std::string answer(absl::StripAsciiWhitespace(a));
+      if (answer.empty()) continue;
+      for (size_t pos = text.find(answer); pos != std::string::npos;
+           pos = text.find(answer, pos + 1)) {
+        const size_t after = pos + answer.size();
+        if ((pos > 0 && word_char(text[pos - 1])) ||
+            (after < text.size() && word_char(text[after]))) {
+          continue;
+        }
+        const size_t start = pos > 0 && text[pos - 1] == ' ' ? pos - 1 : pos;
+        const auto begin = static_cast<int64_t>(tokenizer.Encode(text.substr(0, start)).size());
+        const auto end = static_cast<int64_t>(tokenizer.Encode(text.substr(0, after)).size());
+        if (end > begin) return {offset + begin, offset + end};
+      }
+    }
+    offset += static_cast<int64_t>(tokenizer.Encode(text).size());
+  }
+  return {};
 }
 
 }  // namespace infoflow

@@ -115,6 +115,26 @@ absl::Status WriteEvalSet(const std::string& path, const std::vector<EvalExample
 // for a bad line, or if the file holds no examples.
 absl::StatusOr<std::vector<EvalExample>> LoadEvalSet(const std::string& path);
 
+// --- Where the answer sits in the context -----------------------------------
+class Tokenizer;
+
+// Token indices [begin, end) into the concatenated tokens of chunks
+// (each encoded alone, in order; 0 = the first chunk's first token).
+struct TokenSpan {
+  int64_t begin = 0, end = 0;
+  bool empty() const { return end <= begin; }
+};
+
+// The tokens of the first verbatim, word-bounded occurrence of an answer in
+// `chunks` (chunk by chunk, each answer in turn), with the space before it
+// that the pre-tokenizer joins to the word: what a method must compute right
+// for the answer to be copied. Empty when no answer occurs. Boundaries come
+// from encoding the chunk text up to the answer and up to its end, so they
+// match the full encoding when the answer starts and ends at pre-token
+// boundaries (true for word and number answers).
+TokenSpan FindAnswerTokens(const Tokenizer& tokenizer, const std::vector<std::string>& chunks,
+                           const std::vector<std::string>& answers);
+
 // --- Answer scoring --------------------------------------------------------
 // NormalizeAnswer: lowercase ASCII, delete punctuation, drop the articles
 // "a", "an", "the" as words, collapse whitespace (SQuAD style).

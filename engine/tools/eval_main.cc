@@ -5,13 +5,19 @@
 // PrefixMode::kBos) and its KV is shared by every method — that cost is
 // ingest, not TTFT. Then, for FULL/NONE/EPIC once and for
 // INFOFLOW/INFOFLOW+reorder/CACHEBLEND/RANDOM at every r:
-//   - next-token KL(FULL || method) at the first generated position, from the
-//     last prompt logits (BuildContext + PrefillTokens), softmax in double;
+//   - KL(FULL || method) of the next-token distribution that predicts the
+//     first content token of FULL's answer: the prompt plus FULL's greedy
+//     tokens before it (leading whitespace tokens such as the " " after
+//     "Answer:") are prefilled on the method's context and the last logits
+//     compared, softmax in double;
 //   - RunQuery with greedy decoding: TTFT, recomputed tokens, generated text;
 //   - EM / token F1 of the text against the answers (engine/eval_set.h);
 //   - top-1 agreement: fraction of the first min(16, max_new_tokens)
 //     positions where the greedy ids equal FULL's (a stop id counts as a
-//     token; positions past both sequences' ends are not counted).
+//     token; positions past both sequences' ends are not counted);
+//   - answer recall: the fraction of the tokens of the first verbatim
+//     occurrence of an answer in the chunks that the method recomputed (the
+//     value tokens a copy must read; undefined when no answer occurs).
 // Metrics are averaged over examples; "ttft_ratio" is mean TTFT / mean FULL
 // TTFT.
 #include <ATen/ATen.h>
@@ -55,12 +61,12 @@ Usage:
   infoflow-eval --model DIR (--eval-set FILE.jsonl | --synthetic N [synthetic options])
                 [--methods LIST] [--ratios LIST] [--max-new-tokens 16]
                 [--scoring-layers 1,2] [--threads N] [--device auto|cpu|cuda]
-                [--out-csv F] [--out-json F] [--out-plot F.svg]
+                [--out-csv F] [--out-json F [--record-selected]] [--out-plot F.svg]
                 [--plot-metric auto|em|f1|top1] [--prompt-template "...{question}..."]
   infoflow-eval --write-eval-set FILE.jsonl --synthetic N [synthetic options]
 
 Synthetic options:
-  --task multihop|needle|coref|xref|all   (default all; comma lists allowed)
+  --task multihop|needle|coref|xref|split|all   (default all; comma lists allowed)
   --chunks C        chunks per example (4..16, default 6)
   --chunk-words W   approximate words per chunk (default 60)
   --seed S          generator seed; RANDOM uses S + example index (default 0)
@@ -69,6 +75,9 @@ Methods (default all): FULL,NONE,INFOFLOW,INFOFLOW+reorder,CACHEBLEND,EPIC,RANDO
 FULL is always run (it is the reference). FULL, NONE and EPIC (lego_k=4) do not
 depend on r and run once; the others run at every r in --ratios
 (default 0.05,0.15,0.3).
+--record-selected adds to each --out-json example the token offset of every
+chunk ("chunk_offsets", input order) and, per method, the recomputed context
+token indices ("selected", input order, 0 = first chunk token).
 --prompt-template is prefilled after the context; "{question}" is replaced by
 the question and the escapes \n and \t are expanded. Default:
 "\nQuestion: {question}\nAnswer:".
@@ -76,8 +85,11 @@ the question and the escapes \n and \t are expanded. Default:
 Metrics (averaged over examples): em (normalized generated first line equals
 an answer, or starts with it at a word boundary; lowercase, punctuation and
 a/an/the removed), f1 (token F1, best answer), kl (KL(FULL || method) of the
-first generated token's distribution), top1 (greedy id agreement with FULL
-over the first 16 positions), recomputed tokens, TTFT ms and TTFT / FULL TTFT.
+next-token distribution at FULL's first non-whitespace answer token, teacher-
+forced on FULL's tokens before it), top1 (greedy id agreement with FULL over
+the first 16 positions), recomputed tokens, ans_rc (fraction of the answer's
+tokens in the context that were recomputed, over examples whose chunks contain
+an answer verbatim), TTFT ms and TTFT / FULL TTFT.
 )";
 
 struct Flags {
@@ -98,6 +110,7 @@ struct Flags {
   std::string plot_metric = "auto";
   std::string prompt_template = "\\nQuestion: {question}\\nAnswer:";
   std::string write_eval_set;
+  bool record_selected = false;
 };
 
 absl::Status ParseFlags(int argc, char** argv, Flags* f, bool* help) {
@@ -119,6 +132,10 @@ absl::Status ParseFlags(int argc, char** argv, Flags* f, bool* help) {
     if (arg == "--help" || arg == "-h") {
       *help = true;
       return absl::OkStatus();
+    }
+    if (arg == "--record-selected") {
+      f->record_selected = true;
+      continue;
     }
     std::string name = arg, value;
     bool has_value = false;
@@ -225,7 +242,10 @@ struct Cell {
   double ratio = NAN;  // NaN: r-independent
   int n = 0;
   double em = 0, f1 = 0, kl = 0, top1 = 0, recomputed = 0, context = 0, ttft_ms = 0;
+  double answer_recall = 0;
+  int n_answer = 0;  // examples with an answer span (answer_recall's count)
   double Mean(double sum) const { return n ? sum / n : NAN; }
+  double AnswerRecall() const { return n_answer ? answer_recall / n_answer : NAN; }
 };
 
 double Now() {
@@ -249,14 +269,58 @@ double Top1Agreement(const std::vector<int32_t>& ref, const std::vector<int32_t>
   return static_cast<double>(same) / n;
 }
 
-// log-softmax (double) of the last prompt position's logits after `options`.
-absl::StatusOr<at::Tensor> PromptLogProbs(const Model& model, const QueryInput& input,
-                                          const MethodOptions& options) {
+// log-softmax (double) of the last position's logits after `options`'s
+// context and then `tokens` (the prompt, maybe with forced answer tokens).
+absl::StatusOr<at::Tensor> NextTokenLogProbs(const Model& model, const QueryInput& input,
+                                             const MethodOptions& options,
+                                             const std::vector<int32_t>& tokens) {
   absl::StatusOr<BlendedContext> ctx = BuildContext(model, input, options);
   if (!ctx.ok()) return ctx.status();
-  at::Tensor logits =
-      PrefillTokens(model, input.prompt_ids, ctx->next_position, &ctx->cache).logits;
+  at::Tensor logits = PrefillTokens(model, tokens, ctx->next_position, &ctx->cache).logits;
   return at::log_softmax(logits.reshape({-1}).to(at::kDouble).cpu(), -1);
+}
+
+// The prompt plus FULL's generated ids before its first content token (one
+// whose text is not all whitespace): the position where the answer itself is
+// predicted, so KL there measures the answer, not the " " after "Answer:".
+std::vector<int32_t> PromptToFirstContentToken(const Tokenizer& tokenizer,
+                                               const std::vector<int32_t>& prompt,
+                                               const std::vector<int32_t>& full_ids) {
+  std::vector<int32_t> out = prompt;
+  for (int32_t id : full_ids) {
+    std::string text = tokenizer.Decode({id}, /*skip_special=*/true);
+    if (!absl::StripAsciiWhitespace(text).empty()) return out;
+    out.push_back(id);
+  }
+  return prompt;  // no content token: fall back to the first position
+}
+
+// `plan.selected` (final-layout indices) mapped back through
+// plan.chunk_order to input-order indices, in selection order.
+std::vector<int64_t> LayoutToInputIndices(const RecomputePlan& plan,
+                                          const std::vector<int64_t>& chunk_sizes,
+                                          const std::vector<int64_t>& chunk_offsets) {
+  std::vector<int64_t> layout_to_input;
+  for (int c : plan.chunk_order) {
+    for (int64_t t = 0; t < chunk_sizes[c]; ++t) layout_to_input.push_back(chunk_offsets[c] + t);
+  }
+  std::vector<int64_t> out;
+  for (int64_t s : plan.selected) {
+    if (s >= 0 && s < static_cast<int64_t>(layout_to_input.size())) {
+      out.push_back(layout_to_input[s]);
+    }
+  }
+  return out;
+}
+
+// Fraction of `span` (input-order indices) that `plan` recomputed.
+double SpanRecall(const RecomputePlan& plan, const std::vector<int64_t>& chunk_sizes,
+                  const std::vector<int64_t>& chunk_offsets, TokenSpan span) {
+  int64_t hit = 0;
+  for (int64_t i : LayoutToInputIndices(plan, chunk_sizes, chunk_offsets)) {
+    hit += i >= span.begin && i < span.end;
+  }
+  return static_cast<double>(hit) / static_cast<double>(span.end - span.begin);
 }
 
 std::string Escape(const std::string& s) {
@@ -446,6 +510,8 @@ absl::Status Run(const Flags& f) {
   for (size_t e = 0; e < n_examples; ++e) {
     const EvalExample& ex = (*examples)[e];
     QueryInput input = base;
+    std::vector<std::string> kept_texts;  // parallel to input.chunks
+    std::vector<int64_t> chunk_sizes, chunk_offsets;
     double t0 = Now();
     for (const std::string& text : ex.chunks) {
       std::vector<int32_t> ids = tokenizer.Encode(text);
@@ -453,6 +519,10 @@ absl::Status Run(const Flags& f) {
       absl::StatusOr<ChunkKv> kv = PrefillChunk(m, ids, input.chunk_prefix_mode);
       if (!kv.ok()) return kv.status();
       input.chunks.push_back(std::make_shared<ChunkKv>(*std::move(kv)));
+      chunk_offsets.push_back(chunk_offsets.empty() ? 0
+                                                    : chunk_offsets.back() + chunk_sizes.back());
+      chunk_sizes.push_back(static_cast<int64_t>(ids.size()));
+      kept_texts.push_back(text);
     }
     const double ingest_ms = Now() - t0;
     if (input.chunks.empty()) {
@@ -476,22 +546,29 @@ absl::Status Run(const Flags& f) {
       warned_positions = true;
     }
 
+    const TokenSpan answer_span = FindAnswerTokens(tokenizer, kept_texts, ex.answers);
+    const bool has_answer_span = !answer_span.empty();
     at::Tensor full_lp;
-    std::vector<int32_t> full_seq;
+    std::vector<int32_t> full_seq, kl_tokens;
     double full_ttft = 0;
     int64_t context_tokens = 0;
     nlohmann::ordered_json gens = nlohmann::ordered_json::object();
+    nlohmann::ordered_json recalls = nlohmann::ordered_json::object();
+    nlohmann::ordered_json selected = nlohmann::ordered_json::object();
     for (size_t k = 0; k < runs.size(); ++k) {
       const MethodSpec& spec = *runs[k].first;
       MethodOptions options = spec.options;
       if (spec.uses_ratio) options.ratio = runs[k].second;
       options.scoring_layers = *layers;
       options.seed = f.seed + e;
-      absl::StatusOr<at::Tensor> lp = PromptLogProbs(m, input, options);
-      if (!lp.ok()) return lp.status();
       absl::StatusOr<QueryResult> q = RunQuery(m, &tokenizer, input, options, decode, nullptr);
       if (!q.ok()) return q.status();
       std::vector<int32_t> seq = Sequence(q->decode, decode.stop_ids);
+      if (options.method == Method::kFull) {  // always runs first
+        kl_tokens = PromptToFirstContentToken(tokenizer, input.prompt_ids, q->decode.ids);
+      }
+      absl::StatusOr<at::Tensor> lp = NextTokenLogProbs(m, input, options, kl_tokens);
+      if (!lp.ok()) return lp.status();
       if (options.method == Method::kFull) {
         full_lp = *lp;
         full_seq = seq;
@@ -508,8 +585,20 @@ absl::Status Run(const Flags& f) {
       c.recomputed += static_cast<double>(q->plan.selected.size());
       c.context += static_cast<double>(q->plan.context_tokens);
       c.ttft_ms += q->ttft_ms;
-      gens[spec.uses_ratio ? absl::StrCat(spec.label, "@", RatioText(runs[k].second)) : spec.label] =
-          q->decode.text;
+      const std::string key =
+          spec.uses_ratio ? absl::StrCat(spec.label, "@", RatioText(runs[k].second)) : spec.label;
+      gens[key] = q->decode.text;
+      if (f.record_selected) {
+        std::vector<int64_t> in_input = LayoutToInputIndices(q->plan, chunk_sizes, chunk_offsets);
+        std::sort(in_input.begin(), in_input.end());
+        selected[key] = in_input;
+      }
+      if (has_answer_span) {
+        const double recall = SpanRecall(q->plan, chunk_sizes, chunk_offsets, answer_span);
+        c.answer_recall += recall;
+        c.n_answer += 1;
+        recalls[key] = recall;
+      }
     }
     std::string full_text = gens.contains("FULL") ? gens["FULL"].get<std::string>() : "";
     std::fprintf(stderr, "[%zu/%zu] %-8s ctx=%lld tok ingest=%.1fms full_ttft=%.1fms full=\"%s\"\n",
@@ -523,6 +612,14 @@ absl::Status Run(const Flags& f) {
     pe["context_tokens"] = context_tokens;
     pe["ingest_ms"] = ingest_ms;
     pe["generated"] = gens;
+    if (has_answer_span) {
+      pe["answer_tokens"] = {answer_span.begin, answer_span.end};
+      pe["answer_recall"] = recalls;
+    }
+    if (f.record_selected) {
+      pe["chunk_offsets"] = chunk_offsets;
+      pe["selected"] = selected;
+    }
     per_example.push_back(pe);
   }
 
@@ -531,24 +628,26 @@ absl::Status Run(const Flags& f) {
     if (c.label == "FULL") full_mean_ttft = c.Mean(c.ttft_ms);
   }
   // Table.
-  std::printf("%-18s %5s %4s %6s %6s %9s %6s %10s %8s %9s %7s\n", "method", "r", "n", "EM", "F1",
-              "KL", "top1", "recomputed", "ctx_tok", "TTFT_ms", "xFULL");
+  std::printf("%-18s %5s %4s %6s %6s %9s %6s %10s %6s %8s %9s %7s\n", "method", "r", "n", "EM",
+              "F1", "KL", "top1", "recomputed", "ans_rc", "ctx_tok", "TTFT_ms", "xFULL");
   for (const Cell& c : cells) {
-    std::printf("%-18s %5s %4d %6.3f %6.3f %9.5f %6.3f %10.1f %8.1f %9.2f %7.3f\n", c.label.c_str(),
-                RatioText(c.ratio).c_str(), c.n, c.Mean(c.em), c.Mean(c.f1), c.Mean(c.kl),
-                c.Mean(c.top1), c.Mean(c.recomputed), c.Mean(c.context), c.Mean(c.ttft_ms),
-                c.Mean(c.ttft_ms) / full_mean_ttft);
+    std::printf("%-18s %5s %4d %6.3f %6.3f %9.5f %6.3f %10.1f %6.3f %8.1f %9.2f %7.3f\n",
+                c.label.c_str(), RatioText(c.ratio).c_str(), c.n, c.Mean(c.em), c.Mean(c.f1),
+                c.Mean(c.kl), c.Mean(c.top1), c.Mean(c.recomputed), c.AnswerRecall(),
+                c.Mean(c.context), c.Mean(c.ttft_ms), c.Mean(c.ttft_ms) / full_mean_ttft);
   }
   std::fflush(stdout);
 
   if (!f.out_csv.empty()) {
-    std::string csv = "method,ratio,n,em,f1,kl,top1,recomputed,context_tokens,ttft_ms,ttft_ratio\n";
+    std::string csv =
+        "method,ratio,n,em,f1,kl,top1,recomputed,context_tokens,ttft_ms,ttft_ratio,answer_recall\n";
     for (const Cell& c : cells) {
-      absl::StrAppend(&csv, c.label, ",", std::isnan(c.ratio) ? "" : absl::StrFormat("%g", c.ratio),
-                      absl::StrFormat(",%d,%.6f,%.6f,%.8f,%.6f,%.3f,%.3f,%.4f,%.6f\n", c.n,
-                                      c.Mean(c.em), c.Mean(c.f1), c.Mean(c.kl), c.Mean(c.top1),
-                                      c.Mean(c.recomputed), c.Mean(c.context), c.Mean(c.ttft_ms),
-                                      c.Mean(c.ttft_ms) / full_mean_ttft));
+      absl::StrAppend(
+          &csv, c.label, ",", std::isnan(c.ratio) ? "" : absl::StrFormat("%g", c.ratio),
+          absl::StrFormat(",%d,%.6f,%.6f,%.8f,%.6f,%.3f,%.3f,%.4f,%.6f,", c.n, c.Mean(c.em),
+                          c.Mean(c.f1), c.Mean(c.kl), c.Mean(c.top1), c.Mean(c.recomputed),
+                          c.Mean(c.context), c.Mean(c.ttft_ms), c.Mean(c.ttft_ms) / full_mean_ttft),
+          c.n_answer ? absl::StrFormat("%.6f", c.AnswerRecall()) : "", "\n");
     }
     if (absl::Status s = WriteFile(f.out_csv, csv); !s.ok()) return s;
   }
@@ -576,6 +675,8 @@ absl::Status Run(const Flags& f) {
       row["context_tokens"] = c.Mean(c.context);
       row["ttft_ms"] = c.Mean(c.ttft_ms);
       row["ttft_ratio"] = c.Mean(c.ttft_ms) / full_mean_ttft;
+      row["answer_recall"] =
+          c.n_answer ? nlohmann::ordered_json(c.AnswerRecall()) : nlohmann::ordered_json(nullptr);
       rows.push_back(row);
     }
     j["results"] = rows;

@@ -245,5 +245,38 @@ TEST(EvalSetTest, WorksWithAModelTokenizer) {
   }
 }
 
+// The span decodes to the answer with its leading space, for every task, on
+// a real byte-level BPE tokenizer; and it is the first word-bounded match.
+TEST(EvalSetTest, FindAnswerTokensLocatesTheAnswerInTheContext) {
+  auto tok = Tokenizer::FromFile(testing::GeneratedModelDir("llama") + "/tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  for (const EvalExample& ex : GenerateEvalSet(Opts(20, 6, {}))) {
+    SCOPED_TRACE(EvalExampleToJson(ex));
+    std::vector<int32_t> context;
+    for (const std::string& c : ex.chunks) {
+      std::vector<int32_t> ids = (*tok)->Encode(c);
+      context.insert(context.end(), ids.begin(), ids.end());
+    }
+    TokenSpan span = FindAnswerTokens(**tok, ex.chunks, ex.answers);
+    ASSERT_FALSE(span.empty());
+    ASSERT_LE(span.end, static_cast<int64_t>(context.size()));
+    std::vector<int32_t> ids(context.begin() + span.begin, context.begin() + span.end);
+    EXPECT_EQ((*tok)->Decode(ids), " " + ex.answers[0]);
+  }
+  // "12" inside "5123" or "12a" is not the answer; the later standalone one is.
+  TokenSpan span = FindAnswerTokens(**tok, {"code 5123 and 12a.", "It is 12."}, {"12"});
+  std::vector<int32_t> first = (*tok)->Encode("code 5123 and 12a.");
+  std::vector<int32_t> second = (*tok)->Encode("It is 12.");
+  std::vector<int32_t> both = first;
+  both.insert(both.end(), second.begin(), second.end());
+  ASSERT_FALSE(span.empty());
+  EXPECT_GE(span.begin, static_cast<int64_t>(first.size()));
+  EXPECT_EQ(
+      (*tok)->Decode(std::vector<int32_t>(both.begin() + span.begin, both.begin() + span.end)),
+      " 12");
+  EXPECT_TRUE(FindAnswerTokens(**tok, {"nothing here"}, {"Paris"}).empty());
+  EXPECT_TRUE(FindAnswerTokens(**tok, {"nothing here"}, {""}).empty());
+}
+
 }  // namespace
 }  // namespace infoflow
