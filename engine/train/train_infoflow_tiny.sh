@@ -7,27 +7,21 @@
 #   2. single needles, 2-8 chunks of 10-60 words (up to ~1K tokens), half of
 #      them with positional skips up to 4400 (PoSE-style), so long distances
 #      are seen;
-#   3. single needles, 4-16 chunks of 60-200 words (up to ~4K tokens): the
-#      real eval lengths. After phase 3 needle exact match is 0.99 at 2K and
-#      0.97 at 4K, but the model copies *a* code, not the asked one: with
-#      several numbers in the context it is at chance (the split task).
+#   3. single needles, 4-16 chunks of 60-200 words (up to ~4K tokens), 600
+#      steps: the real eval lengths. Needle-only training copies *a* code, not
+#      the asked one (at chance on the split task), but without this phase the
+#      later phases do not reach 0.9 at 4K (a pilot that skipped it: needle 4K
+#      0.70, split 0.34);
 #   4. needle + split (one secret code among decoy numbers, every fact cut at
 #      a chunk boundary after the name; trained on FULL's contiguous text),
-#      3-8 chunks of 10-60 words: 4a on the 9000-step schedule (split FULL EM
-#      0.25 at its end), 4b re-raised on a 14000-step schedule, where
-#      key-conditioned copying appears (held-out exact 0.33 -> 0.94 between
-#      steps 7500 and 9500);
-#   5. needle + split at 4-16 chunks of 40-160 words (up to 2.6K tokens):
-#      split FULL EM 0.82 at 2K, but needle EM fell to 0.93 at 2K and 0.68
-#      at 4K;
-#   6. the same at 4-16 chunks of 60-200 words (up to 4.2K tokens), 400
-#      steps: needle back to 0.99 / 0.93.
-# Phases 1-3 are the first release's run unchanged (its weights are this
-# script's step-4800 checkpoint, byte for byte). Wall time 72.6 minutes on 2
-# cores (train_log.txt), over the 60-minute target: phases 4-6 were added to a
-# finished run instead of replanning it. Tied embeddings and the answer-heavy
-# loss (answer 20 : context 0.1) are what made retrieval learnable at this
-# size; see MODEL_CARD.md.
+#      3-8 chunks of 10-60 words: 4a on the 9000-step schedule, 4b re-raised
+#      on a 14000-step schedule, where key-conditioned copying appears
+#      (held-out exact 0.50 -> 0.83 between steps 7750 and 8250);
+#   5. needle + split at 4-16 chunks of 40-160 words (up to 2.6K tokens);
+#   6. the same at 4-16 chunks of 60-200 words (up to 4.2K tokens), 500 steps.
+# Wall time 58.6 minutes on the 2-core dev VM (train_log.txt).
+# Tied embeddings and the answer-heavy loss (answer 20 : context 0.1) are what
+# made retrieval learnable at this size; see MODEL_CARD.md.
 #
 #   engine/train/train_infoflow_tiny.sh [TRAIN_BIN] [OUT_DIR]
 set -euo pipefail
@@ -42,15 +36,15 @@ COMMON=(--data synthetic --tasks needle --digit-group 2 --tie-embeddings --token
 "$TRAIN" "${COMMON[@]}" --steps 6000 --resume --until 3500 --chunks 8 --min-chunks 2 --chunk-words 10 \
   --max-chunk-words 60 --seq-len 1100 --batch 8 --position-span 4400 --gap-fraction 0.5 \
   --eval-every 500 --save-every 500
-"$TRAIN" "${COMMON[@]}" --steps 4800 --resume --chunks 16 --min-chunks 4 --chunk-words 60 \
-  --max-chunk-words 200 --seq-len 4200 --batch 4 --position-span 4400 --gap-fraction 0.3 \
+"$TRAIN" "${COMMON[@]}" --steps 4800 --resume --until 4100 --chunks 16 --min-chunks 4 \
+  --chunk-words 60 --max-chunk-words 200 --seq-len 4200 --batch 4 --position-span 4400 --gap-fraction 0.3 \
   --eval-every 250 --save-every 250
 SPLIT=(--tasks needle,split,split --eval-docs 48)
-"$TRAIN" "${COMMON[@]}" "${SPLIT[@]}" --steps 9000 --resume --until 6800 --chunks 8 --min-chunks 3 \
+"$TRAIN" "${COMMON[@]}" "${SPLIT[@]}" --steps 9000 --resume --until 6100 --chunks 8 --min-chunks 3 \
   --chunk-words 10 --max-chunk-words 60 --seq-len 1100 --batch 8 --eval-every 250 --save-every 500
-"$TRAIN" "${COMMON[@]}" "${SPLIT[@]}" --steps 14000 --resume --until 9500 --chunks 8 --min-chunks 3 \
+"$TRAIN" "${COMMON[@]}" "${SPLIT[@]}" --steps 14000 --resume --until 8800 --chunks 8 --min-chunks 3 \
   --chunk-words 10 --max-chunk-words 60 --seq-len 1100 --batch 8 --eval-every 250 --save-every 500
-"$TRAIN" "${COMMON[@]}" "${SPLIT[@]}" --steps 12000 --resume --until 10300 --chunks 16 --min-chunks 4 \
+"$TRAIN" "${COMMON[@]}" "${SPLIT[@]}" --steps 12000 --resume --until 9600 --chunks 16 --min-chunks 4 \
   --chunk-words 40 --max-chunk-words 160 --seq-len 2600 --batch 4 --eval-every 200 --save-every 200
-"$TRAIN" "${COMMON[@]}" "${SPLIT[@]}" --steps 12000 --resume --until 10700 --chunks 16 --min-chunks 4 \
+"$TRAIN" "${COMMON[@]}" "${SPLIT[@]}" --steps 12000 --resume --until 10100 --chunks 16 --min-chunks 4 \
   --chunk-words 60 --max-chunk-words 200 --seq-len 4200 --batch 4 --eval-every 100 --save-every 100
