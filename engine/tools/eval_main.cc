@@ -127,14 +127,15 @@ absl::Status ParseFlags(int argc, char** argv, Flags* f, bool* help) {
                                       {"--chunk-words", &f->chunk_words},
                                       {"--max-new-tokens", &f->max_new_tokens},
                                       {"--threads", &f->threads}};
+  std::map<std::string, bool*> switches = {{"--record-selected", &f->record_selected}};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
       *help = true;
       return absl::OkStatus();
     }
-    if (arg == "--record-selected") {
-      f->record_selected = true;
+    if (auto b = switches.find(arg); b != switches.end()) {
+      *b->second = true;
       continue;
     }
     std::string name = arg, value;
@@ -295,31 +296,37 @@ std::vector<int32_t> PromptToFirstContentToken(const Tokenizer& tokenizer,
   return prompt;  // no content token: fall back to the first position
 }
 
+// Where each chunk starts in the context, chunks in input order.
+std::vector<int64_t> ChunkOffsets(const std::vector<std::shared_ptr<const ChunkKv>>& chunks) {
+  std::vector<int64_t> offsets;
+  int64_t offset = 0;
+  for (const auto& c : chunks) {
+    offsets.push_back(offset);
+    offset += c->size();
+  }
+  return offsets;
+}
+
 // `plan.selected` (final-layout indices) mapped back through
-// plan.chunk_order to input-order indices, in selection order.
-std::vector<int64_t> LayoutToInputIndices(const RecomputePlan& plan,
-                                          const std::vector<int64_t>& chunk_sizes,
+// plan.chunk_order to input-order indices (0 = first token of chunks[0]).
+std::vector<int64_t> SelectedInInputOrder(const RecomputePlan& plan,
+                                          const std::vector<std::shared_ptr<const ChunkKv>>& chunks,
                                           const std::vector<int64_t>& chunk_offsets) {
   std::vector<int64_t> layout_to_input;
   for (int c : plan.chunk_order) {
-    for (int64_t t = 0; t < chunk_sizes[c]; ++t) layout_to_input.push_back(chunk_offsets[c] + t);
+    for (int64_t t = 0; t < chunks[c]->size(); ++t) layout_to_input.push_back(chunk_offsets[c] + t);
   }
   std::vector<int64_t> out;
-  for (int64_t s : plan.selected) {
-    if (s >= 0 && s < static_cast<int64_t>(layout_to_input.size())) {
-      out.push_back(layout_to_input[s]);
-    }
-  }
+  out.reserve(plan.selected.size());
+  for (int64_t s : plan.selected) out.push_back(layout_to_input.at(s));
+  std::sort(out.begin(), out.end());
   return out;
 }
 
-// Fraction of `span` (input-order indices) that `plan` recomputed.
-double SpanRecall(const RecomputePlan& plan, const std::vector<int64_t>& chunk_sizes,
-                  const std::vector<int64_t>& chunk_offsets, TokenSpan span) {
+// Fraction of `span` covered by `selected` (input-order indices).
+double SpanRecall(const std::vector<int64_t>& selected, TokenSpan span) {
   int64_t hit = 0;
-  for (int64_t i : LayoutToInputIndices(plan, chunk_sizes, chunk_offsets)) {
-    hit += i >= span.begin && i < span.end;
-  }
+  for (int64_t i : selected) hit += i >= span.begin && i < span.end;
   return static_cast<double>(hit) / static_cast<double>(span.end - span.begin);
 }
 
@@ -510,8 +517,6 @@ absl::Status Run(const Flags& f) {
   for (size_t e = 0; e < n_examples; ++e) {
     const EvalExample& ex = (*examples)[e];
     QueryInput input = base;
-    std::vector<std::string> kept_texts;  // parallel to input.chunks
-    std::vector<int64_t> chunk_sizes, chunk_offsets;
     double t0 = Now();
     for (const std::string& text : ex.chunks) {
       std::vector<int32_t> ids = tokenizer.Encode(text);
@@ -519,10 +524,6 @@ absl::Status Run(const Flags& f) {
       absl::StatusOr<ChunkKv> kv = PrefillChunk(m, ids, input.chunk_prefix_mode);
       if (!kv.ok()) return kv.status();
       input.chunks.push_back(std::make_shared<ChunkKv>(*std::move(kv)));
-      chunk_offsets.push_back(chunk_offsets.empty() ? 0
-                                                    : chunk_offsets.back() + chunk_sizes.back());
-      chunk_sizes.push_back(static_cast<int64_t>(ids.size()));
-      kept_texts.push_back(text);
     }
     const double ingest_ms = Now() - t0;
     if (input.chunks.empty()) {
@@ -546,7 +547,10 @@ absl::Status Run(const Flags& f) {
       warned_positions = true;
     }
 
-    const TokenSpan answer_span = FindAnswerTokens(tokenizer, kept_texts, ex.answers);
+    // Chunks that encode to nothing hold no tokens, so indexing over all of
+    // ex.chunks matches input.chunks.
+    const TokenSpan answer_span = FindAnswerTokens(tokenizer, ex.chunks, ex.answers);
+    const std::vector<int64_t> chunk_offsets = ChunkOffsets(input.chunks);
     const bool has_answer_span = !answer_span.empty();
     at::Tensor full_lp;
     std::vector<int32_t> full_seq, kl_tokens;
@@ -588,13 +592,11 @@ absl::Status Run(const Flags& f) {
       const std::string key =
           spec.uses_ratio ? absl::StrCat(spec.label, "@", RatioText(runs[k].second)) : spec.label;
       gens[key] = q->decode.text;
-      if (f.record_selected) {
-        std::vector<int64_t> in_input = LayoutToInputIndices(q->plan, chunk_sizes, chunk_offsets);
-        std::sort(in_input.begin(), in_input.end());
-        selected[key] = in_input;
-      }
+      const std::vector<int64_t> in_input =
+          SelectedInInputOrder(q->plan, input.chunks, chunk_offsets);
+      if (f.record_selected) selected[key] = in_input;
       if (has_answer_span) {
-        const double recall = SpanRecall(q->plan, chunk_sizes, chunk_offsets, answer_span);
+        const double recall = SpanRecall(in_input, answer_span);
         c.answer_recall += recall;
         c.n_answer += 1;
         recalls[key] = recall;

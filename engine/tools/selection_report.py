@@ -13,6 +13,7 @@ token from its chunk's start through the answer (the cut continuation
   engine/tools/selection_report.py eval.json [--head 6]
 """
 import argparse
+import bisect
 import collections
 import json
 import sys
@@ -43,9 +44,10 @@ def main():
         for start, end in zip(offsets[1:-1], offsets[2:]):
             heads.update(range(start, min(end, start + args.head)))
         answer = ex.get("answer_tokens")
+        answers = {a.strip().lower() for a in ex["answers"]}
         answer_window = set()
         if answer:
-            chunk = max(i for i, o in enumerate(offsets[:-1]) if o <= answer[0])
+            chunk = bisect.bisect_right(offsets, answer[0]) - 1
             answer_window = set(range(max(offsets[chunk], answer[0] - 1), answer[1]))
         for method, selected in ex["selected"].items():
             if method not in order:
@@ -53,12 +55,11 @@ def main():
             s = stats[method]
             sel = set(selected)
             s["n"] += 1
-            s["em"] += first_line(ex["generated"][method]).lower() in {
-                a.strip().lower() for a in ex["answers"]}
+            em = first_line(ex["generated"][method]).lower() in answers
+            s["em"] += em
             s["selected"] += len(sel)
             for t in sel:
-                chunk = max(i for i, o in enumerate(offsets[:-1]) if o <= t)
-                rel = t - offsets[chunk]
+                rel = t - offsets[bisect.bisect_right(offsets, t) - 1]
                 s[next(name for lo, hi, name in BINS if lo <= rel < hi)] += 1
             s["heads_hit"] += len(sel & heads)
             s["heads"] += len(heads)
@@ -68,8 +69,7 @@ def main():
                 s["answer_tokens"] += answer[1] - answer[0]
                 covered = answer_window <= sel
                 s["covered"] += covered
-                s["em_covered" if covered else "em_partial"] += first_line(
-                    ex["generated"][method]).lower() in {a.strip().lower() for a in ex["answers"]}
+                s["em_covered" if covered else "em_partial"] += em
 
     def frac(a, b):
         return f"{a / b:.2f}" if b else "-"
