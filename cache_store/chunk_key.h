@@ -1,4 +1,4 @@
-// Content addressing for stored KV chunks (DESIGN.md §2.1).
+// Content addressing for stored KV chunks (docs/DESIGN.md §2.1).
 //
 // A chunk's KV depends on exactly four things: the model weights, how the
 // chunk was prefilled (prefix mode), the KV dtype, and the token ids. The

@@ -5,6 +5,7 @@
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
 #include <rocksdb/write_batch.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <chrono>
@@ -31,7 +32,10 @@ absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
   if (s.IsNotFound()) return absl::NotFoundError(msg);
   if (s.IsCorruption()) return absl::DataLossError(msg);
   if (s.IsInvalidArgument()) return absl::InvalidArgumentError(msg);
-  if (s.IsBusy() || s.IsTryAgain()) return absl::UnavailableError(msg);
+  // Disk full: the client can retry once space is freed; the store resumes
+  // writing by itself then (ChunkStore::Impl::Write).
+  if (s.IsNoSpace()) return absl::ResourceExhaustedError(absl::StrCat(msg, " (disk full)"));
+  if (s.IsBusy() || s.IsTryAgain() || s.IsIOError()) return absl::UnavailableError(msg);
   return absl::InternalError(msg);
 }
 
@@ -138,7 +142,12 @@ class FlightGroup {
     std::unique_lock<std::mutex> lock(flight->mu);
     flight->cv.wait(lock, [&] { return flight->done; });
     absl::StatusOr<GetResult> r = flight->result;
-    if (r.ok()) r->from_ram = false;
+    if (r.ok()) {
+      // A follower neither read the disk nor computed: the leader did, and
+      // only the leader's caller may count that work.
+      r->from_ram = false;
+      r->computed = false;
+    }
     return r;
   }
 
@@ -244,6 +253,20 @@ class ChunkStore::Impl {
     wo.sync = options_.sync;
     return wo;
   }
+  // Every write goes through here: it first resumes a DB that a failed write
+  // left read-only, so the store recovers by itself once space is back.
+  rocksdb::Status Write(rocksdb::WriteBatch* batch);
+  // ResourceExhausted when writing `record_bytes` would leave less than
+  // options_.min_free_disk_bytes free. Why a guard: Debian's RocksDB 7.8 is
+  // built with assertions, and a WAL append that hits ENOSPC followed by its
+  // fsync aborts the process (WritableFileWriter::
+  // AssertFalseAndGetStatusForPrevError), so the store must not get there.
+  absl::Status CheckFreeDisk(uint64_t record_bytes);
+  void ResumeAfterBackgroundError();
+
+  std::atomic<bool> write_failed_{false};
+  std::mutex resume_mu_;  // guards last_resume_
+  std::chrono::steady_clock::time_point last_resume_{};
 
   // Serialises every change of membership (put, delete, eviction, expiry),
   // so capacity decisions made under index_mu_ stay valid until the
@@ -600,6 +623,7 @@ absl::StatusOr<PutResult> ChunkStore::Impl::PutVerifiedLocked(
     bool insert_into_ram) {
   const uint64_t size = value->bytes().size();
   const int64_t now = Now();
+  if (absl::Status s = CheckFreeDisk(size); !s.ok()) return s;
   if (options_.capacity_bytes > 0 && size > options_.capacity_bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("record of ", size, " bytes exceeds store capacity ",
@@ -638,7 +662,7 @@ absl::StatusOr<PutResult> ChunkStore::Impl::PutVerifiedLocked(
   batch.Put(data_cf_, ToSlice(key.AsBytes()), ToSlice(value->bytes()));
   batch.Put(index_cf_, ToSlice(key.AsBytes()),
             EncodeIndexValue(size, now, seq, fp));
-  rocksdb::Status s = db_->Write(WriteOpts(), &batch);
+  rocksdb::Status s = Write(&batch);
   if (!s.ok()) return FromRocks(s, "write chunk");
 
   {
@@ -696,7 +720,7 @@ absl::Status ChunkStore::Impl::DeleteKeysLocked(
     batch.Delete(data_cf_, ToSlice(k.AsBytes()));
     batch.Delete(index_cf_, ToSlice(k.AsBytes()));
   }
-  rocksdb::Status s = db_->Write(WriteOpts(), &batch);
+  rocksdb::Status s = Write(&batch);
   if (!s.ok()) return FromRocks(s, "delete chunks");
   {
     std::lock_guard<std::mutex> lock(index_mu_);
@@ -772,7 +796,7 @@ absl::Status ChunkStore::Impl::PersistAccessOrder() {
     }
   }
   if (written.empty()) return absl::OkStatus();
-  rocksdb::Status s = db_->Write(WriteOpts(), &batch);
+  rocksdb::Status s = Write(&batch);
   if (!s.ok()) return FromRocks(s, "persist access order");
   std::lock_guard<std::mutex> lock(index_mu_);
   for (const auto& [key, seq] : written) {
@@ -782,6 +806,44 @@ absl::Status ChunkStore::Impl::PersistAccessOrder() {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status ChunkStore::Impl::CheckFreeDisk(uint64_t record_bytes) {
+  if (options_.min_free_disk_bytes == 0) return absl::OkStatus();
+  struct statvfs st {};
+  if (statvfs(options_.path.c_str(), &st) != 0) return absl::OkStatus();  // cannot tell
+  const uint64_t free_bytes = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  // The record lands in the WAL now and again in a blob file at flush.
+  if (free_bytes >= options_.min_free_disk_bytes + 2 * record_bytes) return absl::OkStatus();
+  counters_.write_errors.fetch_add(1, std::memory_order_relaxed);
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "store disk full: ", free_bytes, " bytes free under ", options_.path,
+      ", the store keeps ", options_.min_free_disk_bytes,
+      " free (--min-free-disk-bytes); retry after space is freed"));
+}
+
+void ChunkStore::Impl::ResumeAfterBackgroundError() {
+  if (!write_failed_.load(std::memory_order_relaxed)) return;
+  // A failed write (e.g. disk full) puts RocksDB into read-only mode until
+  // Resume(); try at most every 200 ms so a full disk is not hammered.
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(resume_mu_);
+  if (now - last_resume_ < std::chrono::milliseconds(200)) return;
+  last_resume_ = now;
+  if (db_->Resume().ok()) {
+    write_failed_.store(false, std::memory_order_relaxed);
+    counters_.write_resumes.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+rocksdb::Status ChunkStore::Impl::Write(rocksdb::WriteBatch* batch) {
+  ResumeAfterBackgroundError();
+  rocksdb::Status s = db_->Write(WriteOpts(), batch);
+  if (!s.ok()) {
+    write_failed_.store(true, std::memory_order_relaxed);
+    counters_.write_errors.fetch_add(1, std::memory_order_relaxed);
+  }
+  return s;
 }
 
 absl::Status ChunkStore::Impl::Compact() {
@@ -805,16 +867,23 @@ absl::Status ChunkStore::Impl::Compact() {
     // with a stale copy.
     if (absl::Status s = PersistAccessOrder(); !s.ok()) return s;
   }
+  ResumeAfterBackgroundError();
   rocksdb::FlushOptions fo;
   rocksdb::Status s = db_->Flush(fo, {data_cf_, index_cf_});
-  if (!s.ok()) return FromRocks(s, "flush");
+  if (!s.ok()) {
+    write_failed_.store(true, std::memory_order_relaxed);
+    return FromRocks(s, "flush");
+  }
   rocksdb::CompactRangeOptions co;
   co.blob_garbage_collection_policy =
       rocksdb::BlobGarbageCollectionPolicy::kForce;
   co.blob_garbage_collection_age_cutoff = 1.0;
   for (rocksdb::ColumnFamilyHandle* cf : {data_cf_, index_cf_}) {
     s = db_->CompactRange(co, cf, nullptr, nullptr);
-    if (!s.ok()) return FromRocks(s, "compact");
+    if (!s.ok()) {
+      write_failed_.store(true, std::memory_order_relaxed);
+      return FromRocks(s, "compact");
+    }
   }
   return absl::OkStatus();
 }
@@ -862,9 +931,29 @@ ChunkStore::~ChunkStore() = default;
 
 absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(
     ChunkStoreOptions options) {
-  auto impl = std::make_unique<Impl>(std::move(options));
-  if (absl::Status s = impl->Open(); !s.ok()) return s;
-  return std::unique_ptr<ChunkStore>(new ChunkStore(std::move(impl)));
+  auto impl = std::make_unique<Impl>(options);
+  absl::Status s = impl->Open();
+  if (s.ok()) return std::unique_ptr<ChunkStore>(new ChunkStore(std::move(impl)));
+  if (!absl::IsDataLoss(s) || !options.quarantine_if_damaged) return s;
+  impl.reset();  // closes what was opened
+  const std::string aside = absl::StrCat(
+      options.path, ".quarantined-",
+      std::chrono::duration_cast<std::chrono::seconds>(
+          std::chrono::system_clock::now().time_since_epoch())
+          .count());
+  std::error_code ec;
+  std::filesystem::rename(options.path, aside, ec);
+  if (ec) {
+    return absl::Status(s.code(), absl::StrCat(s.message(), "; could not move the store aside to ",
+                                               aside, ": ", ec.message()));
+  }
+  impl = std::make_unique<Impl>(std::move(options));
+  if (absl::Status fresh = impl->Open(); !fresh.ok()) return fresh;
+  impl->counters_.quarantined.store(1, std::memory_order_relaxed);
+  auto store = std::unique_ptr<ChunkStore>(new ChunkStore(std::move(impl)));
+  store->quarantined_path_ = aside;
+  store->quarantine_reason_ = std::string(s.message());
+  return store;
 }
 
 absl::StatusOr<PutResult> ChunkStore::Put(const ChunkKey& key,

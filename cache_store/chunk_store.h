@@ -103,6 +103,15 @@ struct ChunkStoreOptions {
   // Seconds since the epoch; overridable so TTL can be tested. Defaults to
   // the system clock.
   std::function<int64_t()> clock_seconds;
+  // When the existing store cannot be opened because its files are damaged
+  // (DATA_LOSS), move the directory aside to <path>.quarantined-<unix time>
+  // and start empty instead of failing. For a cache this is usually the
+  // right trade; the default keeps "refuse to open".
+  bool quarantine_if_damaged = false;
+  // Put refuses (ResourceExhausted, retryable) a record that would leave
+  // less than this many bytes free on the store's filesystem; 0 = no check
+  // (the server sets it, --min-free-disk-bytes).
+  uint64_t min_free_disk_bytes = 0;
 };
 
 // A verified record held in memory. Immutable and shared: the RAM tier and
@@ -170,11 +179,14 @@ struct StoreCounters {
   std::atomic<uint64_t> single_flight_waits{0};  // reads that joined a flight
   std::atomic<uint64_t> computes{0};             // GetOrCompute callbacks run
   std::atomic<uint64_t> put_errors{0};           // GetOrCompute write-backs
+  std::atomic<uint64_t> write_errors{0};   // RocksDB writes that failed (disk full, I/O)
+  std::atomic<uint64_t> write_resumes{0};  // recoveries from such a failure
   // Gauges.
   std::atomic<uint64_t> records{0};
   std::atomic<uint64_t> bytes{0};  // sum of stored record sizes
   std::atomic<uint64_t> ram_bytes{0};
   std::atomic<uint64_t> ram_entries{0};
+  std::atomic<uint64_t> quarantined{0};  // 1 when Open moved a damaged store aside
 };
 
 struct ModelStats {
@@ -199,9 +211,14 @@ class ChunkStore {
  public:
   // Opens (or creates) the store at options.path. Returns an error if the
   // directory cannot be opened, is locked by another process, or its index
-  // is unreadable.
+  // is unreadable (DataLoss; with options.quarantine_if_damaged the damaged
+  // store is moved aside instead, see quarantined_path()).
   static absl::StatusOr<std::unique_ptr<ChunkStore>> Open(
       ChunkStoreOptions options);
+
+  // Where Open moved a damaged store, with why; empty if it did not.
+  const std::string& quarantined_path() const { return quarantined_path_; }
+  const std::string& quarantine_reason() const { return quarantine_reason_; }
 
   // Persists access order and closes the database. Callers must have
   // finished all calls on other threads first.
@@ -262,6 +279,8 @@ class ChunkStore {
   explicit ChunkStore(std::unique_ptr<Impl> impl);
 
   std::unique_ptr<Impl> impl_;
+  std::string quarantined_path_;
+  std::string quarantine_reason_;
 };
 
 }  // namespace infoflow::store

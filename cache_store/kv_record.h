@@ -1,4 +1,4 @@
-// On-disk format of one stored KV chunk (DESIGN.md §5) and its codec.
+// On-disk format of one stored KV chunk (docs/DESIGN.md §5) and its codec.
 //
 // Layout (all integers little-endian; offsets in bytes):
 //    0  char[4] magic "IFKV"

@@ -10,11 +10,11 @@
 #include "absl/strings/str_split.h"
 #include "client/commands.h"
 #include "client/flags.h"
-#include "engine/decode.h"
-#include "engine/model.h"
-#include "engine/prefill.h"
-#include "engine/runtime.h"
-#include "engine/tokenizer.h"
+#include "engine/decode/decode.h"
+#include "engine/model/model.h"
+#include "engine/chunk/chunk_prefill.h"
+#include "engine/model/runtime.h"
+#include "engine/text/tokenizer.h"
 
 namespace infoflow::cli {
 namespace {

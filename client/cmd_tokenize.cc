@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "client/commands.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "nlohmann/json.hpp"
 
 namespace infoflow::cli {

@@ -39,4 +39,9 @@ int Admission::waiting() const {
   return waiting_;
 }
 
+bool Admission::idle() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waiting_ == 0 && free_ == workers_;
+}
+
 }  // namespace infoflow::server

@@ -14,7 +14,8 @@ namespace infoflow::server {
 
 class Admission {
  public:
-  Admission(int workers, int queue_depth) : free_(workers), queue_depth_(queue_depth) {}
+  Admission(int workers, int queue_depth)
+      : free_(workers), workers_(workers), queue_depth_(queue_depth) {}
 
   // Takes a worker slot, waiting while `cancelled()` is false.
   // ResourceExhausted when the queue is full, Cancelled when `cancelled()`
@@ -22,12 +23,15 @@ class Admission {
   absl::Status Acquire(const std::function<bool()>& cancelled);
   void Release();
   int waiting() const;
+  // No request holds a slot or waits for one.
+  bool idle() const;
 
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
   int free_;
   int waiting_ = 0;
+  const int workers_;
   const int queue_depth_;
 };
 

@@ -5,9 +5,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cache_store/chunk_store.h"
-#include "engine/chunk_codec.h"
-#include "engine/prefill.h"
-#include "engine/tokenizer.h"
+#include "engine/chunk/chunk_codec.h"
+#include "engine/chunk/chunk_prefill.h"
+#include "engine/text/tokenizer.h"
 
 namespace infoflow::server {
 
@@ -55,6 +55,14 @@ absl::StatusOr<std::vector<int32_t>> ChunkResolver::ChunkTokens(std::string_view
   if (!IsValidUtf8(text)) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": text is not valid UTF-8"));
   }
+  // Bytes bound tokens from above for our tokenizers' ordinary text, so a
+  // huge text is refused before the tokenizer spends time on it.
+  if (text.size() > static_cast<uint64_t>(max_chunk_tokens_) * kMaxBytesPerToken) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", text.size(), " bytes, more than ", max_chunk_tokens_,
+        " tokens can hold (--max-chunk-tokens ", max_chunk_tokens_, ", ", kMaxBytesPerToken,
+        " bytes per token)"));
+  }
   std::vector<int32_t> ids = tokenizer_->Encode(text);
   if (ids.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": chunk has no tokens"));
   if (static_cast<int64_t>(ids.size()) > max_chunk_tokens_) {
@@ -91,7 +99,7 @@ absl::StatusOr<IngestOutcome> ChunkResolver::Ingest(std::string_view text, Prefi
 
 absl::StatusOr<ResolvedChunks> ChunkResolver::Resolve(const std::vector<ChunkRef>& refs,
                                                       PrefixMode mode,
-                                                      int64_t max_context_tokens) const {
+                                                      const ContextCheck& check_context) const {
   ResolvedChunks out;
   out.chunks.resize(refs.size());
   out.keys_hex.resize(refs.size());
@@ -119,7 +127,7 @@ absl::StatusOr<ResolvedChunks> ChunkResolver::Resolve(const std::vector<ChunkRef
       continue;
     }
     absl::StatusOr<std::shared_ptr<const ChunkKv>> kv =
-        DecodeChunkRecord(*model_, got[j]->value->record());
+        DecodeChunkRecord(*model_, got[j]->value->record(), mode);
     if (!kv.ok()) {
       return absl::Status(kv.status().code(), absl::StrCat("chunks[", i, "]: ", kv.status().message()));
     }
@@ -145,10 +153,8 @@ absl::StatusOr<ResolvedChunks> ChunkResolver::Resolve(const std::vector<ChunkRef
     total += static_cast<int64_t>(ids->size());
     text_ids[i] = *std::move(ids);
   }
-  if (total > max_context_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("chunks: context of ", total,
-                                                   " tokens is over the limit of ",
-                                                   max_context_tokens, " (--max-context-tokens)"));
+  if (check_context) {
+    if (absl::Status s = check_context(total); !s.ok()) return s;
   }
   for (size_t i = 0; i < refs.size(); ++i) {
     if (refs[i].by_key) continue;
@@ -164,7 +170,7 @@ absl::StatusOr<ResolvedChunks> ChunkResolver::Resolve(const std::vector<ChunkRef
         });
     if (!res.ok()) return res.status();
     absl::StatusOr<std::shared_ptr<const ChunkKv>> kv =
-        DecodeChunkRecord(*model_, res->value->record());
+        DecodeChunkRecord(*model_, res->value->record(), mode);
     if (!kv.ok()) {
       return absl::Status(kv.status().code(), absl::StrCat(field, ": ", kv.status().message()));
     }

@@ -1,4 +1,4 @@
-// ChunkResolver: the ingest and fetch stages of DESIGN.md §2.1-2.2 over the
+// ChunkResolver: the ingest and fetch stages of docs/DESIGN.md §2.1-2.2 over the
 // engine and the store -- text to tokens to key, prefill-once-and-store, and
 // a query's chunk list (keys or texts) to ChunkKv, with write-through
 // prefill for chunks given as text that are not stored (or stored corrupt).
@@ -8,6 +8,7 @@
 #define INFOFLOW_SERVER_CHUNK_RESOLVER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -26,6 +27,12 @@ class ChunkStore;
 }  // namespace infoflow
 
 namespace infoflow::server {
+
+// Bytes a text may have per allowed token before it is tokenized at all
+// (chunk texts, questions, rendered prompts): a cheap bound so that no
+// request makes the server tokenize megabytes to find out they are too long.
+// Generous: ordinary text runs 3-5 bytes per BPE token.
+inline constexpr uint64_t kMaxBytesPerToken = 32;
 
 // True when `s` is well-formed UTF-8 (no overlongs, surrogates or > U+10FFFF).
 bool IsValidUtf8(std::string_view s);
@@ -71,13 +78,17 @@ class ChunkResolver {
     return ChunkTokens(text, field).status();
   }
 
+  // Checks a query's context length before anything is prefilled.
+  using ContextCheck = std::function<absl::Status(int64_t context_tokens)>;
+
   // Fetches every chunk of a query. NotFound listing every key that is
   // neither stored nor given as text; InvalidArgument for malformed keys or
-  // bad texts, and for a context over `max_context_tokens` (checked before
-  // any text is prefilled, so a refused query stores nothing);
-  // FailedPrecondition for records of another model.
+  // bad texts; FailedPrecondition for records of another model or another
+  // prefix mode; whatever `check_context` returns for the total context
+  // length (called before any text is prefilled, so a refused query stores
+  // nothing).
   absl::StatusOr<ResolvedChunks> Resolve(const std::vector<ChunkRef>& refs, PrefixMode mode,
-                                         int64_t max_context_tokens = INT64_MAX) const;
+                                         const ContextCheck& check_context = {}) const;
 
   // Tokens of `text` under the served tokenizer (no specials).
   std::vector<int32_t> Tokenize(std::string_view text) const;

@@ -1,4 +1,4 @@
-// infoflow-server: the gRPC service of DESIGN.md §6. SIGTERM/SIGINT shut it
+// infoflow-server: the gRPC service of docs/DESIGN.md §6. SIGTERM/SIGINT shut it
 // down gracefully (running calls get a grace period to finish).
 #include <malloc.h>
 #include <unistd.h>

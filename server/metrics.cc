@@ -1,36 +1,55 @@
 #include "server/metrics.h"
 
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <malloc.h>
+#include <netinet/in.h>
 #include <prometheus/collectable.h>
 #include <prometheus/counter.h>
+#include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
-#include <prometheus/text_serializer.h>
-
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <poll.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <cerrno>
-#include <functional>
-#include <cstring>
-#include <thread>
+#include <cstddef>  // defines __GLIBC__
+#include <utility>
+#include <exception>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cache_store/chunk_store.h"
 
+// Minimum stack for threads created with an explicit stack size. Why: the
+// Exposer runs on civetweb, and Debian's libcivetweb.so.1 creates its threads
+// with a fixed 100 KiB stack (pthread_attr_setstacksize(102400), civetweb's
+// default CIVETWEB_THREAD_STACK_SIZE). glibc puts static TLS inside each
+// thread's stack, and the libraries loaded with libtorch carry ~108 KB of it
+// (OpenBLAS ~60 KiB, glog ~30 KiB, torch_cpu ~10 KiB), so pthread_create
+// fails with EINVAL and civetweb reports "null context". This definition
+// interposes glibc's for the whole process (the server's CMake target exports
+// it with --export-dynamic-symbol): requests below 1 MiB are raised to 1 MiB,
+// larger ones pass unchanged; it never lowers a request.
+extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t stacksize) {
+  using SetStackSize = int (*)(pthread_attr_t*, size_t);
+  static const SetStackSize real =
+      reinterpret_cast<SetStackSize>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
+  constexpr size_t kMinStack = size_t{1} << 20;
+  if (real == nullptr) return EINVAL;
+  return real(attr, stacksize < kMinStack ? kMinStack : stacksize);
+}
+
 namespace infoflow::server {
 namespace {
 
-// Exports the store's live counters at scrape time.
-class StoreCollector : public prometheus::Collectable {
+// Exports values owned elsewhere (the store's counters, the admission
+// queue) at scrape time: one source of truth, no gauge to keep in sync.
+class LiveCollector : public prometheus::Collectable {
  public:
-  explicit StoreCollector(const store::StoreCounters* c) : c_(c) {}
+  LiveCollector(const store::StoreCounters* c, std::function<int()> queue_depth)
+      : c_(c), queue_depth_(std::move(queue_depth)) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     auto load = [](const std::atomic<uint64_t>& a) {
@@ -75,115 +94,61 @@ class StoreCollector : public prometheus::Collectable {
             {{"", load(c_->bytes_read)}});
     counter("infoflow_store_bytes_written_total", "Record bytes written to RocksDB.",
             {{"", load(c_->bytes_written)}});
+    counter("infoflow_store_write_errors_total",
+            "Store writes that failed (disk full, I/O error); the store resumes by itself.",
+            {{"", load(c_->write_errors)}});
+    gauge("infoflow_store_quarantined",
+          "1 when this process moved a damaged store aside at start (--on-corrupt-store).",
+          load(c_->quarantined));
     gauge("infoflow_store_records", "Records in the store.", load(c_->records));
     gauge("infoflow_store_bytes", "Sum of stored record sizes.", load(c_->bytes));
+    gauge("infoflow_queue_depth", "Requests waiting for a worker slot.",
+          static_cast<double>(queue_depth_()));
+#if defined(__GLIBC__)
+    // What the allocator holds: in use by the program vs freed but still
+    // mapped (RSS minus in_use is mostly this plus libraries). A leak grows
+    // in_use; retained buffers grow free (returned while idle, see
+    // server/idle_trimmer.h).
+    const struct mallinfo2 mi = mallinfo2();
+    prometheus::MetricFamily heap;
+    heap.name = "infoflow_process_heap_bytes";
+    heap.help = "glibc malloc heap bytes by state (in_use, free).";
+    heap.type = prometheus::MetricType::Gauge;
+    for (auto [state, v] : {std::pair<const char*, size_t>{"in_use", mi.uordblks + mi.hblkhd},
+                            std::pair<const char*, size_t>{"free", mi.fordblks}}) {
+      prometheus::ClientMetric m;
+      m.label.push_back({"state", state});
+      m.gauge.value = static_cast<double>(v);
+      heap.metric.push_back(std::move(m));
+    }
+    out.push_back(std::move(heap));
+#endif
     return out;
   }
 
  private:
   const store::StoreCounters* c_;
+  std::function<int()> queue_depth_;
 };
 
-// A minimal HTTP/1.0 endpoint for GET /metrics. Why not prometheus-cpp's
-// civetweb Exposer: in a process that links libtorch_cpu, civetweb's
-// mg_start fails ("null context when constructing CivetServer") although the
-// same Exposer works in a process without torch (measured with a 10-line
-// program linked with and without -ltorch_cpu). The exposition text itself
-// is still prometheus-cpp's TextSerializer over the registry.
-class HttpEndpoint {
- public:
-  using Body = std::function<std::string()>;
-
-  static absl::StatusOr<std::unique_ptr<HttpEndpoint>> Bind(const std::string& listen, Body body) {
-    const size_t colon = listen.rfind(':');
-    std::string host = colon == std::string::npos ? "" : listen.substr(0, colon);
-    const std::string port_str = colon == std::string::npos ? listen : listen.substr(colon + 1);
-    int port = 0;
-    if (!absl::SimpleAtoi(port_str, &port) || port < 0 || port > 65535) {
-      return absl::InvalidArgumentError(absl::StrCat("--metrics-listen ", listen, ": bad port"));
-    }
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    if (host.empty() || host == "0.0.0.0") {
-      addr.sin_addr.s_addr = htonl(INADDR_ANY);
-    } else if (host == "localhost") {
-      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    } else if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
-      return absl::InvalidArgumentError(absl::StrCat("--metrics-listen ", listen, ": bad IPv4 host"));
-    }
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int one = 1;
-    if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    socklen_t len = sizeof addr;
-    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-        ::listen(fd, 64) != 0 || getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      const std::string err = std::strerror(errno);
-      if (fd >= 0) close(fd);
-      return absl::UnavailableError(absl::StrCat("--metrics-listen ", listen, ": ", err));
-    }
-    return std::unique_ptr<HttpEndpoint>(new HttpEndpoint(fd, ntohs(addr.sin_port), std::move(body)));
+// civetweb's "listening_ports" for `listen` ("host:port", "port", or
+// "localhost:port"); InvalidArgument names the flag.
+absl::StatusOr<std::string> CivetListeningPort(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  std::string host = colon == std::string::npos ? "" : listen.substr(0, colon);
+  const std::string port_str = colon == std::string::npos ? listen : listen.substr(colon + 1);
+  int port = 0;
+  if (!absl::SimpleAtoi(port_str, &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--metrics-listen ", listen, ": bad port"));
   }
-
-  ~HttpEndpoint() {
-    stop_ = true;
-    thread_.join();
-    close(fd_);
+  if (host == "localhost") host = "127.0.0.1";
+  in_addr addr{};
+  if (!host.empty() && inet_pton(AF_INET, host.c_str(), &addr) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-listen ", listen, ": host must be an IPv4 address"));
   }
-
-  int port() const { return port_; }
-
- private:
-  HttpEndpoint(int fd, int port, Body body)
-      : fd_(fd), port_(port), body_(std::move(body)), thread_([this] { Loop(); }) {}
-
-  void Loop() {
-    while (!stop_) {
-      pollfd p{fd_, POLLIN, 0};
-      if (poll(&p, 1, 100) <= 0) continue;
-      int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (c < 0) continue;
-      Serve(c);
-      close(c);
-    }
-  }
-
-  // One request per connection, answered and closed (what Prometheus needs).
-  void Serve(int c) {
-    std::string req;
-    char buf[2048];
-    while (req.find("\r\n\r\n") == std::string::npos && req.size() < 16384) {
-      pollfd p{c, POLLIN, 0};
-      if (poll(&p, 1, 2000) <= 0) return;
-      ssize_t n = recv(c, buf, sizeof buf, 0);
-      if (n <= 0) return;
-      req.append(buf, static_cast<size_t>(n));
-    }
-    std::string status = "200 OK", body, type = "text/plain; version=0.0.4; charset=utf-8";
-    if (req.rfind("GET /metrics ", 0) == 0 || req.rfind("GET /metrics?", 0) == 0) {
-      body = body_();
-    } else {
-      status = "404 Not Found";
-      body = "not found; try /metrics\n";
-      type = "text/plain";
-    }
-    const std::string out = absl::StrCat("HTTP/1.0 ", status, "\r\nContent-Type: ", type,
-                                         "\r\nContent-Length: ", body.size(),
-                                         "\r\nConnection: close\r\n\r\n", body);
-    size_t off = 0;
-    while (off < out.size()) {
-      ssize_t n = send(c, out.data() + off, out.size() - off, MSG_NOSIGNAL);
-      if (n <= 0) return;
-      off += static_cast<size_t>(n);
-    }
-  }
-
-  int fd_;
-  int port_;
-  Body body_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
+  return host.empty() ? port_str : absl::StrCat(host, ":", port);
+}
 
 prometheus::Histogram::BucketBoundaries SecondsBuckets() {
   return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
@@ -193,15 +158,14 @@ prometheus::Histogram::BucketBoundaries SecondsBuckets() {
 
 struct Metrics::Impl {
   std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
-  std::shared_ptr<StoreCollector> store;
+  std::shared_ptr<LiveCollector> live;
   prometheus::Family<prometheus::Histogram>* ttft = nullptr;
   prometheus::Family<prometheus::Histogram>* stage = nullptr;
   prometheus::Histogram* recompute_ratio = nullptr;
   prometheus::Counter* generated = nullptr;
   prometheus::Counter* ingest_tokens = nullptr;
   prometheus::Gauge* inflight = nullptr;
-  prometheus::Gauge* queue_depth = nullptr;
-  std::unique_ptr<HttpEndpoint> http;  // last: stops serving before the rest goes
+  std::unique_ptr<prometheus::Exposer> exposer;  // last: stops serving before the rest goes
 };
 
 Metrics::Metrics(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -209,6 +173,7 @@ Metrics::~Metrics() = default;
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& listen,
                                                         const store::StoreCounters* counters,
+                                                        std::function<int()> queue_depth,
                                                         const std::string& model_name) {
   auto impl = std::make_unique<Impl>();
   prometheus::Registry& r = *impl->registry;
@@ -218,7 +183,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& liste
                     .Register(r);
   impl->stage = &prometheus::BuildHistogram()
                      .Name("infoflow_stage_duration_seconds")
-                     .Help("Duration of each query stage (DESIGN.md section 2).")
+                     .Help("Duration of each query stage (docs/DESIGN.md section 2).")
                      .Register(r);
   impl->recompute_ratio = &prometheus::BuildHistogram()
                                .Name("infoflow_recompute_ratio")
@@ -241,32 +206,31 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& liste
                         .Help("Query streams being served.")
                         .Register(r)
                         .Add({});
-  impl->queue_depth = &prometheus::BuildGauge()
-                           .Name("infoflow_queue_depth")
-                           .Help("Queries waiting for a worker.")
-                           .Register(r)
-                           .Add({});
   prometheus::BuildGauge()
       .Name("infoflow_build_info")
       .Help("Constant 1, labelled with the server version and model.")
       .Register(r)
       .Add({{"version", "0.1.0"}, {"model", model_name}})
       .Set(1);
-  impl->store = std::make_shared<StoreCollector>(counters);
-  Impl* raw = impl.get();
-  absl::StatusOr<std::unique_ptr<HttpEndpoint>> http = HttpEndpoint::Bind(listen, [raw] {
-    std::vector<prometheus::MetricFamily> families = raw->registry->Collect();
-    std::vector<prometheus::MetricFamily> store = raw->store->Collect();
-    families.insert(families.end(), store.begin(), store.end());
-    return prometheus::TextSerializer().Serialize(families);
-  });
-  if (!http.ok()) return http.status();
-  impl->http = *std::move(http);
+  impl->live = std::make_shared<LiveCollector>(counters, std::move(queue_depth));
+  absl::StatusOr<std::string> port = CivetListeningPort(listen);
+  if (!port.ok()) return port.status();
+  // Several threads and a read/write timeout: a client that trickles its
+  // request holds one civetweb thread, never the endpoint.
+  try {
+    impl->exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", *port, "num_threads", "4", "request_timeout_ms", "5000"});
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("--metrics-listen ", listen, ": ", e.what()));
+  }
+  impl->exposer->RegisterCollectable(impl->registry);
+  impl->exposer->RegisterCollectable(impl->live);
   return std::unique_ptr<Metrics>(new Metrics(std::move(impl)));
 }
 
 int Metrics::port() const {
-  return impl_->http->port();
+  const std::vector<int> ports = impl_->exposer->GetListeningPorts();
+  return ports.empty() ? 0 : ports.front();
 }
 
 void Metrics::ObserveQuery(const std::string& method, double ttft_seconds,
@@ -283,6 +247,5 @@ void Metrics::ObserveQuery(const std::string& method, double ttft_seconds,
 
 void Metrics::AddIngestTokens(int64_t n) { impl_->ingest_tokens->Increment(static_cast<double>(n)); }
 void Metrics::AddInflightStreams(int delta) { impl_->inflight->Increment(delta); }
-void Metrics::SetQueueDepth(int depth) { impl_->queue_depth->Set(depth); }
 
 }  // namespace infoflow::server

@@ -7,6 +7,7 @@
 #define INFOFLOW_SERVER_METRICS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,9 +29,13 @@ struct StageSample {
 class Metrics {
  public:
   // Binds `listen` ("host:port", port 0 = ephemeral). `counters` must
-  // outlive the Metrics. Unavailable when the port cannot be bound.
+  // outlive the Metrics; `queue_depth` (requests waiting for a slot) is
+  // called at scrape time, so the gauge is always the live value.
+  // InvalidArgument for a malformed address, Unavailable when the port
+  // cannot be bound.
   static absl::StatusOr<std::unique_ptr<Metrics>> Start(const std::string& listen,
                                                         const store::StoreCounters* counters,
+                                                        std::function<int()> queue_depth,
                                                         const std::string& model_name);
   ~Metrics();
   Metrics(const Metrics&) = delete;
@@ -44,7 +49,6 @@ class Metrics {
                     int64_t generated_tokens);
   void AddIngestTokens(int64_t n);
   void AddInflightStreams(int delta);
-  void SetQueueDepth(int depth);
 
  private:
   struct Impl;

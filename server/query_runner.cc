@@ -6,8 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "engine/pipeline.h"
-#include "engine/tokenizer.h"
+#include "engine/blend/pipeline.h"
+#include "engine/chunk/chunk_prefill.h"
+#include "engine/text/tokenizer.h"
 
 namespace infoflow::server {
 namespace {
@@ -24,19 +25,81 @@ std::string RenderPrompt(const std::string& prompt_template, const std::string& 
   return absl::StrReplaceAll(tmpl, {{"{question}", question}});
 }
 
+uint64_t RenderedPromptBytes(const std::string& prompt_template, const std::string& question) {
+  static constexpr std::string_view kPlaceholder = "{question}";
+  const std::string_view tmpl =
+      prompt_template.empty() ? std::string_view("\n{question}\n") : prompt_template;
+  uint64_t n = 0;
+  for (size_t at = tmpl.find(kPlaceholder); at != std::string_view::npos;
+       at = tmpl.find(kPlaceholder, at + kPlaceholder.size())) {
+    ++n;
+  }
+  if (n == 0) return tmpl.size() + question.size();
+  return tmpl.size() - n * kPlaceholder.size() + n * static_cast<uint64_t>(question.size());
+}
+
 QueryRunner::QueryRunner(const Model* model, const Tokenizer* tokenizer,
-                         const ChunkResolver* resolver, int64_t max_context_tokens)
-    : model_(model),
-      tokenizer_(tokenizer),
-      resolver_(resolver),
-      max_context_tokens_(max_context_tokens) {}
+                         const ChunkResolver* resolver, const QueryLimits& limits)
+    : model_(model), tokenizer_(tokenizer), resolver_(resolver), limits_(limits) {}
+
+absl::Status QueryRunner::Prepare(QuerySpec* spec) const {
+  const int64_t limit = limits_.max_prompt_tokens;
+  const uint64_t byte_limit = static_cast<uint64_t>(limit) * kMaxBytesPerToken;
+  if (spec->question.size() > byte_limit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "question: ", spec->question.size(), " bytes, more than ", limit,
+        " tokens can hold (--max-prompt-tokens ", limit, ", ", kMaxBytesPerToken,
+        " bytes per token)"));
+  }
+  const uint64_t rendered = RenderedPromptBytes(spec->prompt_template, spec->question);
+  if (rendered > byte_limit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt_template: the prompt expands to ", rendered, " bytes with the question, more than ",
+        limit, " tokens can hold (--max-prompt-tokens ", limit, ")"));
+  }
+  spec->question_ids = tokenizer_->Encode(spec->question);
+  if (static_cast<int64_t>(spec->question_ids.size()) > limit) {
+    return absl::InvalidArgumentError(absl::StrCat("question: ", spec->question_ids.size(),
+                                                   " tokens, limit is ", limit,
+                                                   " (--max-prompt-tokens)"));
+  }
+  spec->prompt_ids = tokenizer_->Encode(RenderPrompt(spec->prompt_template, spec->question));
+  if (static_cast<int64_t>(spec->prompt_ids.size()) > limit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt_template: the rendered prompt has ", spec->prompt_ids.size(),
+                     " tokens, limit is ", limit, " (--max-prompt-tokens)"));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<QueryOutcome> QueryRunner::Run(const QuerySpec& spec, const TokenSink& sink) const {
   const auto t0 = std::chrono::steady_clock::now();
   QueryOutcome out;
-  // The resolver refuses a context over the limit before prefilling anything.
+  // The resolver calls this once it knows the context length (keys fetched,
+  // texts tokenized) and before it prefills anything.
+  const int64_t prefix_len = PrefixLength(spec.prefix_mode);
+  const int64_t after_context =
+      static_cast<int64_t>(spec.prompt_ids.size()) + spec.max_new_tokens;
+  auto check_context = [&](int64_t context_tokens) -> absl::Status {
+    if (context_tokens > limits_.max_context_tokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunks: context of ", context_tokens, " tokens is over the limit of ",
+                       limits_.max_context_tokens, " (--max-context-tokens)"));
+    }
+    out.positions = prefix_len + context_tokens + after_context;
+    out.beyond_model_positions =
+        limits_.max_positions > 0 && out.positions > limits_.max_positions;
+    if (out.beyond_model_positions && !limits_.allow_beyond_model_positions) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "chunks + prompt + max_new_tokens: ", prefix_len, " prefix + ", context_tokens,
+          " context + ", spec.prompt_ids.size(), " prompt + ", spec.max_new_tokens,
+          " new tokens = ", out.positions, " positions, over the model's max_position_embeddings of ",
+          limits_.max_positions));
+    }
+    return absl::OkStatus();
+  };
   absl::StatusOr<ResolvedChunks> resolved =
-      resolver_->Resolve(spec.chunks, spec.prefix_mode, max_context_tokens_);
+      resolver_->Resolve(spec.chunks, spec.prefix_mode, check_context);
   if (!resolved.ok()) return resolved.status();
   out.fetch_ms = MsSince(t0);
   out.chunk_hits = resolved->hits;
@@ -49,8 +112,8 @@ absl::StatusOr<QueryOutcome> QueryRunner::Run(const QuerySpec& spec, const Token
   }
   input.chunks = std::move(resolved->chunks);
   input.chunk_prefix_mode = spec.prefix_mode;
-  input.question_ids = tokenizer_->Encode(spec.question);
-  input.prompt_ids = tokenizer_->Encode(RenderPrompt(spec.prompt_template, spec.question));
+  input.question_ids = spec.question_ids;
+  input.prompt_ids = spec.prompt_ids;
 
   MethodOptions options;
   options.method = spec.method;

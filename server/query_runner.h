@@ -1,6 +1,6 @@
 // QueryRunner: one Query request end to end over the engine -- resolve the
 // chunks (ChunkResolver), build the prompt from the template, run the
-// pipeline (engine/pipeline.h RunQuery) streaming tokens, and summarise the
+// pipeline (engine/blend/pipeline.h RunQuery) streaming tokens, and summarise the
 // run as a report. The gRPC service only translates to and from this.
 //
 // Thread-safe; one Run per request thread.
@@ -36,6 +36,17 @@ struct QuerySpec {
   uint64_t seed = 0;
   int max_new_tokens = 64;
   std::vector<std::string> stop;
+  // Filled by QueryRunner::Prepare.
+  std::vector<int32_t> question_ids;
+  std::vector<int32_t> prompt_ids;  // rendered template + question
+};
+
+// The server's per-query limits (ServerOptions) and the model's positions.
+struct QueryLimits {
+  int64_t max_context_tokens = 8192;
+  int64_t max_prompt_tokens = 2048;
+  int64_t max_positions = 0;  // the model's max_position_embeddings; 0 = unknown
+  bool allow_beyond_model_positions = false;
 };
 
 struct QueryOutcome {
@@ -53,6 +64,9 @@ struct QueryOutcome {
   bool cancelled = false;
   int64_t generated_tokens = 0;
   std::string text;
+  // Positions the query may use: prefix + context + prompt + max_new_tokens.
+  int64_t positions = 0;
+  bool beyond_model_positions = false;  // positions > max_position_embeddings
 };
 
 // Receives each generated token; return false to cancel.
@@ -62,21 +76,33 @@ using TokenSink = std::function<bool(int32_t id, std::string_view text)>;
 // template + question when it has no placeholder; empty template = "\n{question}\n".
 std::string RenderPrompt(const std::string& prompt_template, const std::string& question);
 
+// Bytes RenderPrompt would return, computed without building the string (a
+// small template that repeats the placeholder can expand a lot).
+uint64_t RenderedPromptBytes(const std::string& prompt_template, const std::string& question);
+
 class QueryRunner {
  public:
   // Pointers must outlive the runner.
   QueryRunner(const Model* model, const Tokenizer* tokenizer, const ChunkResolver* resolver,
-              int64_t max_context_tokens);
+              const QueryLimits& limits);
 
-  // InvalidArgument when the context is over max_context_tokens or the
-  // pipeline refuses the options; the resolver's errors as they are.
+  // Checks the prompt and the question against the limits and tokenizes
+  // them into spec->prompt_ids / question_ids. Cheap and bounded (the byte
+  // length is checked before tokenizing); call before queueing the request.
+  // InvalidArgument naming `question` or `prompt_template` and the limit.
+  absl::Status Prepare(QuerySpec* spec) const;
+
+  // Runs a Prepare'd spec. Before any prefill: InvalidArgument when the
+  // context is over max_context_tokens, OutOfRange when prefix + context +
+  // prompt + max_new_tokens exceed the model's positions (unless allowed);
+  // the resolver's and the pipeline's errors as they are.
   absl::StatusOr<QueryOutcome> Run(const QuerySpec& spec, const TokenSink& sink) const;
 
  private:
   const Model* model_;
   const Tokenizer* tokenizer_;
   const ChunkResolver* resolver_;
-  int64_t max_context_tokens_;
+  QueryLimits limits_;
 };
 
 }  // namespace infoflow::server

@@ -14,10 +14,11 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "cache_store/chunk_store.h"
-#include "engine/model.h"
-#include "engine/runtime.h"
-#include "engine/test_model.h"
-#include "engine/tokenizer.h"
+#include "engine/model/model.h"
+#include "engine/model/runtime.h"
+#include "engine/model/test_model.h"
+#include "engine/text/tokenizer.h"
+#include "server/idle_trimmer.h"
 #include "server/services.h"
 
 namespace infoflow::server {
@@ -41,8 +42,9 @@ struct InfoflowServer::State {
   std::unique_ptr<store::ChunkStore> store;
   std::unique_ptr<ChunkResolver> resolver;
   std::unique_ptr<QueryRunner> runner;
-  std::unique_ptr<Metrics> metrics;
   std::unique_ptr<Admission> admission;
+  std::unique_ptr<IdleTrimmer> trimmer;  // after admission: stops before it goes
+  std::unique_ptr<Metrics> metrics;      // reads store and admission at scrape time
   ServiceDeps deps;
   std::unique_ptr<IngestService> ingest;
   std::unique_ptr<QueryService> query;
@@ -88,20 +90,46 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
   so.path = options.data_dir;
   so.ram_tier_bytes = options.ram_bytes;
   so.sync = options.store_sync;
+  so.quarantine_if_damaged = options.on_corrupt_store == "quarantine";
+  so.min_free_disk_bytes = options.min_free_disk_bytes;
   absl::StatusOr<std::unique_ptr<store::ChunkStore>> st = store::ChunkStore::Open(so);
-  if (!st.ok()) return st.status();
+  if (!st.ok()) {
+    if (absl::IsDataLoss(st.status())) {
+      return absl::DataLossError(absl::StrCat(
+          st.status().message(),
+          " (the store is damaged; --on-corrupt-store=quarantine moves it aside and starts empty)"));
+    }
+    return st.status();
+  }
   s->store = *std::move(st);
+  if (!s->store->quarantined_path().empty()) {
+    std::fprintf(stderr,
+                 "event=store_quarantined data_dir=%s moved_to=%s reason=\"%s\" "
+                 "(started with an empty store)\n",
+                 options.data_dir.c_str(), s->store->quarantined_path().c_str(),
+                 s->store->quarantine_reason().c_str());
+  }
 
   s->resolver = std::make_unique<ChunkResolver>(s->model.get(), s->tokenizer.get(), s->store.get(),
                                                 options.max_chunk_tokens);
+  QueryLimits limits;
+  limits.max_context_tokens = options.max_context_tokens;
+  limits.max_prompt_tokens = options.max_prompt_tokens;
+  limits.max_positions = s->model->config().max_position_embeddings;
+  limits.allow_beyond_model_positions = options.allow_beyond_model_positions;
   s->runner = std::make_unique<QueryRunner>(s->model.get(), s->tokenizer.get(), s->resolver.get(),
-                                            options.max_context_tokens);
+                                            limits);
   s->admission = std::make_unique<Admission>(options.workers, options.queue_depth);
+  if (options.idle_trim_ms > 0) {
+    s->trimmer = std::make_unique<IdleTrimmer>([a = s->admission.get()] { return a->idle(); },
+                                               std::chrono::milliseconds(options.idle_trim_ms));
+  }
   const std::string model_name =
       std::filesystem::path(s->model_dir).lexically_normal().filename().string();
   if (!options.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<Metrics>> m =
-        Metrics::Start(options.metrics_listen, &s->store->counters(), model_name);
+        Metrics::Start(options.metrics_listen, &s->store->counters(),
+                       [a = s->admission.get()] { return a->waiting(); }, model_name);
     if (!m.ok()) return m.status();
     s->metrics = *std::move(m);
   }
@@ -136,7 +164,7 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
     creds = grpc::SslServerCredentials(ssl);
   }
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  if (options.reflection) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, creds, &s->port);
   builder.RegisterService(s->ingest.get());

@@ -22,13 +22,29 @@ const char kServerUsage[] =
     "  --ram-bytes N           store RAM tier bytes (default 512 MiB)\n"
     "  --listen HOST:PORT      gRPC address (default 127.0.0.1:50051; port 0 = ephemeral)\n"
     "  --metrics-listen H:P    Prometheus /metrics (default 127.0.0.1:9464; '' = off)\n"
-    "  --max-context-tokens N  --max-chunks N  --max-chunk-tokens N  --max-new-tokens N\n"
+    "  --max-context-tokens N  context tokens per query (default 8192)\n"
+    "  --max-chunks N          chunks per request (default 256)\n"
+    "  --max-chunk-tokens N    tokens per chunk (default 2048)\n"
+    "  --max-prompt-tokens N   tokens of the rendered prompt and of the question (default 2048)\n"
+    "  --max-new-tokens N      generated tokens per query (default 512)\n"
+    "  --allow-beyond-model-positions true|false\n"
+    "                          run queries that need more positions than the model's\n"
+    "                          max_position_embeddings, flagged in the report (default false:\n"
+    "                          refused with OUT_OF_RANGE)\n"
     "  --workers N             queries computed at once (default 2)\n"
     "  --queue-depth N         queries allowed to wait (default 16)\n"
     "  --threads N             torch CPU threads (default all cores)\n"
     "  --auth-token-file F     require 'authorization: Bearer <token in F>'\n"
     "  --tls-cert F --tls-key F  serve TLS\n"
     "  --store-sync true|false fsync each store write (default true)\n"
+    "  --min-free-disk-bytes N refuse store writes (RESOURCE_EXHAUSTED, retryable) that would\n"
+    "                          leave less free disk than N (default 64 MiB; 0 = off)\n"
+    "  --on-corrupt-store refuse|quarantine\n"
+    "                          damaged store files at start: exit (default), or move the\n"
+    "                          store aside to <data-dir>.quarantined-<time> and start empty\n"
+    "  --reflection true|false serve gRPC reflection (default true)\n"
+    "  --idle-trim-ms N        while idle, return freed memory to the OS every N ms\n"
+    "                          (default 1000; 0 = never)\n"
     "  --config FILE           key=value lines with the flag names above\n";
 
 namespace {
@@ -44,6 +60,14 @@ absl::Status Apply(ServerOptions* o, const std::string& name, const std::string&
       return absl::InvalidArgumentError(
           absl::StrCat("--", name, ": expected an integer >= ", min, ", got '", value, "'"));
     }
+    return absl::OkStatus();
+  };
+  auto boolean = [&](bool* field) -> absl::Status {
+    if (value != "true" && value != "false") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, ": expected true or false, got '", value, "'"));
+    }
+    *field = value == "true";
     return absl::OkStatus();
   };
   if (name == "model") o->model_dir = value;
@@ -62,11 +86,18 @@ absl::Status Apply(ServerOptions* o, const std::string& name, const std::string&
   else if (name == "auth-token-file") o->auth_token_file = value;
   else if (name == "tls-cert") o->tls_cert = value;
   else if (name == "tls-key") o->tls_key = value;
-  else if (name == "store-sync") {
-    if (value != "true" && value != "false") {
-      return absl::InvalidArgumentError("--store-sync: expected true or false");
+  else if (name == "idle-trim-ms") return num(&o->idle_trim_ms, 0);
+  else if (name == "min-free-disk-bytes") return num(&o->min_free_disk_bytes, 0);
+  else if (name == "max-prompt-tokens") return num(&o->max_prompt_tokens, 1);
+  else if (name == "store-sync") return boolean(&o->store_sync);
+  else if (name == "allow-beyond-model-positions") return boolean(&o->allow_beyond_model_positions);
+  else if (name == "reflection") return boolean(&o->reflection);
+  else if (name == "on-corrupt-store") {
+    if (value != "refuse" && value != "quarantine") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--on-corrupt-store: expected refuse or quarantine, got '", value, "'"));
     }
-    o->store_sync = value == "true";
+    o->on_corrupt_store = value;
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
   }

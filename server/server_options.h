@@ -22,6 +22,13 @@ struct ServerOptions {
   int max_chunks = 256;
   int64_t max_chunk_tokens = 2048;
   int max_new_tokens = 512;
+  // Tokens of the rendered prompt (template + question), and of the
+  // question alone (it is also what INFOFLOW scores with).
+  int64_t max_prompt_tokens = 2048;
+  // false: a query whose prefix + context + prompt + max_new_tokens needs
+  // more positions than the model's max_position_embeddings is refused
+  // (OUT_OF_RANGE). true: it runs, and its report says so.
+  bool allow_beyond_model_positions = false;
   int workers = 2;       // queries computed at once
   int queue_depth = 16;  // queries waiting for a worker; more = RESOURCE_EXHAUSTED
   int threads = 0;       // torch intra-op threads, 0 = all cores
@@ -29,6 +36,17 @@ struct ServerOptions {
   std::string tls_cert;         // PEM files; both or neither
   std::string tls_key;
   bool store_sync = true;  // fsync the store's WAL on each write
+  // Writes that would leave less free disk than this are refused
+  // (RESOURCE_EXHAUSTED) before RocksDB runs out of space.
+  uint64_t min_free_disk_bytes = uint64_t{64} << 20;
+  // What to do when the store cannot be opened because its files are
+  // damaged: "refuse" (exit with DATA_LOSS) or "quarantine" (move the store
+  // aside to <data_dir>.quarantined-<time>, start empty, count it).
+  std::string on_corrupt_store = "refuse";
+  bool reflection = true;  // serve gRPC server reflection
+  // While no request runs or waits, return freed heap memory to the OS this
+  // often (server/idle_trimmer.h); 0 = never.
+  int idle_trim_ms = 1000;
 };
 
 // Parses `argv` (argv[0] is the program). `--config FILE` reads key=value

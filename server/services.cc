@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cache_store/chunk_store.h"
-#include "engine/pipeline.h"
+#include "engine/blend/pipeline.h"
 
 namespace infoflow::server {
 namespace v1 = ::infoflow::v1;
@@ -98,6 +98,10 @@ const char* CodeName(grpc::StatusCode c) {
     case grpc::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
     case grpc::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
     case grpc::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    case grpc::OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case grpc::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::DATA_LOSS: return "DATA_LOSS";
+    case grpc::INTERNAL: return "INTERNAL";
     default: return "ERROR";
   }
 }
@@ -234,9 +238,12 @@ grpc::Status IngestService::DoIngest(grpc::ServerContext* ctx, const v1::IngestR
       return d_->resolver->Ingest(req.chunks(i).text(), mode, absl::StrCat("chunks[", i, "].text"));
     });
     if (!out.ok()) {
-      r->set_status(v1::CHUNK_STATUS_ERROR);
-      r->set_error(std::string(out.status().message()));
-      continue;
+      // The batch was validated up front, so this is the server's failure
+      // (disk full, I/O, engine): the whole call fails with a code the
+      // client can act on (RESOURCE_EXHAUSTED / UNAVAILABLE: retry; the
+      // chunks stored so far come back ALREADY_PRESENT).
+      return ToGrpc(absl::Status(out.status().code(),
+                                 absl::StrCat("chunks[", i, "]: ", out.status().message())));
     }
     r->set_chunk_key(out->key_hex);
     r->set_n_tokens(static_cast<int32_t>(out->n_tokens));
@@ -250,14 +257,14 @@ grpc::Status IngestService::Ingest(grpc::ServerContext* ctx, const v1::IngestReq
                                    v1::IngestResponse* resp) {
   grpc::Status s = CheckAuth(ctx, d_->auth_token);
   if (s.ok()) s = DoIngest(ctx, *req, resp);
-  int stored = 0, present = 0, errors = 0;
+  int stored = 0, present = 0;
   for (const auto& r : resp->results()) {
     stored += r.status() == v1::CHUNK_STATUS_STORED;
     present += r.status() == v1::CHUNK_STATUS_ALREADY_PRESENT;
-    errors += r.status() == v1::CHUNK_STATUS_ERROR;
   }
-  LogLine(absl::StrFormat("rpc=Ingest n_chunks=%d stored=%d already_present=%d errors=%d status=%s",
-                          req->chunks_size(), stored, present, errors, CodeName(s.error_code())));
+  LogLine(absl::StrFormat("rpc=Ingest n_chunks=%d stored=%d already_present=%d status=%s%s%s",
+                          req->chunks_size(), stored, present, CodeName(s.error_code()),
+                          s.ok() ? "" : " error=", s.ok() ? "" : s.error_message()));
   return s;
 }
 
@@ -286,11 +293,9 @@ grpc::Status QueryService::Query(grpc::ServerContext* ctx, const v1::QueryReques
   grpc::Status s = CheckAuth(ctx, d_->auth_token);
   if (s.ok()) s = CheckModel(*d_, req->model());
   if (s.ok()) s = ToSpec(*d_, *req, &spec);
+  if (s.ok()) s = ToGrpc(d_->runner->Prepare(&spec));  // bounded; before queueing
   if (s.ok()) {
-    if (d_->metrics) d_->metrics->SetQueueDepth(d_->admission->waiting() + 1);
-    absl::Status a = d_->admission->Acquire([ctx] { return ctx->IsCancelled(); });
-    if (d_->metrics) d_->metrics->SetQueueDepth(d_->admission->waiting());
-    s = ToGrpc(a);
+    s = ToGrpc(d_->admission->Acquire([ctx] { return ctx->IsCancelled(); }));
   }
   if (s.ok()) {
     AdmissionSlot slot(d_->admission);
@@ -352,6 +357,8 @@ grpc::Status QueryService::Query(grpc::ServerContext* ctx, const v1::QueryReques
         r->set_stop_reason(out->stop_reason);
         r->set_generated_tokens(static_cast<int32_t>(out->generated_tokens));
         r->set_text(out->text);
+        r->set_positions(out->positions);
+        r->set_beyond_model_positions(out->beyond_model_positions);
         writer->Write(msg);
       }
     }

@@ -13,7 +13,7 @@
 #include <limits>
 #include <string_view>
 
-#include "engine/safetensors.h"
+#include "engine/checkpoint/safetensors.h"
 
 namespace {
 

@@ -16,8 +16,8 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/tokenizer.h"
-#include "engine/unicode.h"
+#include "engine/text/tokenizer.h"
+#include "engine/text/unicode.h"
 
 namespace {
 

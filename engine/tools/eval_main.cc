@@ -1,4 +1,4 @@
-// infoflow-eval: runs every blending method (DESIGN.md §3) over an eval set
+// infoflow-eval: runs every blending method (docs/DESIGN.md §3) over an eval set
 // and reports answer quality, fidelity to FULL and TTFT per (method, r).
 //
 // Per example: each chunk is tokenized and prefilled ONCE (prefix [BOS],
@@ -11,7 +11,7 @@
 //     "Answer:") are prefilled on the method's context and the last logits
 //     compared, softmax in double;
 //   - RunQuery with greedy decoding: TTFT, recomputed tokens, generated text;
-//   - EM / token F1 of the text against the answers (engine/eval_set.h);
+//   - EM / token F1 of the text against the answers (engine/eval/eval_set.h);
 //   - top-1 agreement: fraction of the first min(16, max_new_tokens)
 //     positions where the greedy ids equal FULL's (a stop id counts as a
 //     token; positions past both sequences' ends are not counted);
@@ -44,12 +44,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "engine/eval_set.h"
-#include "engine/model.h"
-#include "engine/pipeline.h"
-#include "engine/prefill.h"
-#include "engine/runtime.h"
-#include "engine/tokenizer.h"
+#include "engine/eval/eval_set.h"
+#include "engine/model/model.h"
+#include "engine/blend/pipeline.h"
+#include "engine/chunk/chunk_prefill.h"
+#include "engine/model/runtime.h"
+#include "engine/text/tokenizer.h"
 #include "nlohmann/json.hpp"
 
 namespace infoflow {

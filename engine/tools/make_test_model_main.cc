@@ -6,7 +6,7 @@
 #include <cstring>
 #include <string>
 
-#include "engine/test_model.h"
+#include "engine/model/test_model.h"
 
 namespace {
 

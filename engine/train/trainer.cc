@@ -1,5 +1,5 @@
 #include "engine/train/trainer.h"
-#include "engine/test_model.h"
+#include "engine/model/test_model.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -24,12 +24,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "engine/bpe_trainer.h"
-#include "engine/eval_set.h"
-#include "engine/kv_cache.h"
-#include "engine/model_config.h"
-#include "engine/runtime.h"
-#include "engine/safetensors.h"
+#include "engine/text/bpe_trainer.h"
+#include "engine/eval/eval_set.h"
+#include "engine/model/kv_cache.h"
+#include "engine/checkpoint/model_config.h"
+#include "engine/model/runtime.h"
+#include "engine/checkpoint/safetensors.h"
 #include "nlohmann/json.hpp"
 
 namespace infoflow {
@@ -725,7 +725,7 @@ const char kTrainUsage[] = R"(infoflow-train: train the engine's Model on synthe
 
 Usage: infoflow-train [flags]
 Data:
-  --data synthetic          the only source (engine/eval_set.h generator)
+  --data synthetic          the only source (engine/eval/eval_set.h generator)
   --tasks LIST              multihop,needle,coref,xref,split or all (default all); "mixed" =
                             documents with several facts of every task and one question per fact
                             (eval_set.h GenerateTrainingDocument); "needles" = 1..6 needles, all

@@ -1,5 +1,5 @@
-// infoflow-train: trains the engine's own Model class (engine/model.h) on the
-// synthetic multihop / needle / coref / xref documents of engine/eval_set.h.
+// infoflow-train: trains the engine's own Model class (engine/model/model.h) on the
+// synthetic multihop / needle / coref / xref documents of engine/eval/eval_set.h.
 //
 // The trainable parameters are the fused tensors Model runs with (wqkv,
 // w_gate_up, ...), as leaf tensors with requires_grad. They are wrapped in an
@@ -38,13 +38,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "engine/model/model.h"
+#include "engine/text/tokenizer.h"
 
 namespace infoflow {
 
 struct TrainOptions {
-  // Data (engine/eval_set.h generator).
+  // Data (engine/eval/eval_set.h generator).
   std::vector<std::string> tasks = {"multihop", "needle", "coref"};
   int chunks = 6;            // most chunks per document
   int min_chunks = 2;        // fewest chunks per document
@@ -83,7 +83,7 @@ struct TrainOptions {
   double clip = 1.0;
   double context_weight = 1.0;
   double answer_weight = 1.0;
-  int threads = 1;  // CPU cores for the math (engine/runtime.h), shared by the workers
+  int threads = 1;  // CPU cores for the math (engine/model/runtime.h), shared by the workers
   int workers = 1;  // documents of a batch processed concurrently
   uint64_t seed = 0;
   // Output.

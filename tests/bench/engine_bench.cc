@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/pipeline.h"
-#include "engine/prefill.h"
-#include "engine/runtime.h"
-#include "engine/test_model.h"
+#include "engine/blend/pipeline.h"
+#include "engine/chunk/chunk_prefill.h"
+#include "engine/model/runtime.h"
+#include "engine/model/test_model.h"
 
 namespace infoflow {
 namespace {

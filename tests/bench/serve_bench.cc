@@ -37,12 +37,12 @@
 #include <vector>
 
 #include "client/client.h"
-#include "engine/model.h"
-#include "engine/pipeline.h"
-#include "engine/prefill.h"
-#include "engine/runtime.h"
-#include "engine/test_model.h"
-#include "engine/tokenizer.h"
+#include "engine/model/model.h"
+#include "engine/blend/pipeline.h"
+#include "engine/chunk/chunk_prefill.h"
+#include "engine/model/runtime.h"
+#include "engine/model/test_model.h"
+#include "engine/text/tokenizer.h"
 #include "tests/reliability/server_process.h"
 
 namespace infoflow {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CLI checks: `infoflow generate` reproduces the reference greedy ids of the
-# real stories260K checkpoint (DESIGN.md §7, shared/models/README.md), and
+# real stories260K checkpoint (docs/DESIGN.md, tests/data/stories260K-hf/README.md), and
 # `infoflow tokenize` encodes/decodes a JSON batch with a generated model.
 # usage: cli_test.sh INFOFLOW_BIN MAKE_TEST_MODEL_BIN SOURCE_DIR WORK_DIR
 set -euo pipefail
@@ -8,7 +8,7 @@ bin=$1 make_model=$2 src=$3 work=$4
 mkdir -p "$work"
 
 want=$(tr -s ' \n' ' ' < "$src/tests/reference/stories260K_greedy_bos_400.txt" | sed 's/ *$//')
-got=$("$bin" generate --model "$src/../shared/models/stories260K-hf" --prompt-ids 1 \
+got=$("$bin" generate --model "$src/tests/data/stories260K-hf" --prompt-ids 1 \
       --max-new-tokens 400 --temperature 0 --print-ids --threads 1 2>/dev/null | tr -s ' \n' ' ' | sed 's/ *$//')
 if [ "$got" != "$want" ]; then
   echo "generate: ids differ from tests/reference/stories260K_greedy_bos_400.txt"

@@ -1,5 +1,5 @@
-// The synthetic eval-set generator and answer scoring (engine/eval_set.h).
-#include "engine/eval_set.h"
+// The synthetic eval-set generator and answer scoring (engine/eval/eval_set.h).
+#include "engine/eval/eval_set.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <set>
 #include <string>
 
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "tests/engine/test_util.h"
 
 namespace infoflow {

@@ -1,14 +1,14 @@
-// DESIGN.md §3 invariants and the InfoFlow stages, pinned against FULL.
+// docs/DESIGN.md §3 invariants and the InfoFlow stages, pinned against FULL.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <numeric>
 
-#include "engine/pipeline.h"
-#include "engine/recompute.h"
-#include "engine/reposition.h"
-#include "engine/scoring.h"
-#include "engine/selection.h"
+#include "engine/blend/pipeline.h"
+#include "engine/blend/recompute.h"
+#include "engine/blend/reposition.h"
+#include "engine/blend/scoring.h"
+#include "engine/blend/selection.h"
 #include "tests/engine/test_util.h"
 
 namespace infoflow {

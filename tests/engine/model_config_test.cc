@@ -1,4 +1,4 @@
-#include "engine/model_config.h"
+#include "engine/checkpoint/model_config.h"
 
 #include <cmath>
 #include <string>
@@ -109,7 +109,7 @@ std::string MinimalWith(const std::string& field) {
 
 TEST(ModelConfigTest, Stories260K) {
   absl::StatusOr<ModelConfig> c =
-      LoadModelConfig(INFOFLOW_SHARED_DIR "/models/stories260K-hf");
+      LoadModelConfig(INFOFLOW_STORIES260K_DIR);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->model_type, "llama");
   EXPECT_EQ(c->num_hidden_layers, 5);
@@ -132,7 +132,7 @@ TEST(ModelConfigTest, Stories260K) {
 
   // The file path works as well as the directory.
   absl::StatusOr<ModelConfig> c2 =
-      LoadModelConfig(INFOFLOW_SHARED_DIR "/models/stories260K-hf/config.json");
+      LoadModelConfig(INFOFLOW_STORIES260K_DIR "/config.json");
   ASSERT_TRUE(c2.ok()) << c2.status();
   EXPECT_EQ(c2->num_hidden_layers, 5);
 }

@@ -4,7 +4,8 @@
 
 #include <vector>
 
-#include "engine/prefill.h"
+#include "engine/blend/reposition.h"
+#include "engine/chunk/chunk_prefill.h"
 #include "tests/engine/test_util.h"
 
 namespace infoflow {

@@ -10,8 +10,8 @@
 #include <sstream>
 
 #include "absl/strings/str_join.h"
-#include "engine/decode.h"
-#include "engine/prefill.h"
+#include "engine/decode/decode.h"
+#include "engine/chunk/chunk_prefill.h"
 #include "tests/engine/test_util.h"
 
 namespace infoflow {

@@ -1,4 +1,4 @@
-#include "engine/safetensors.h"
+#include "engine/checkpoint/safetensors.h"
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -493,7 +493,7 @@ TEST_F(SafetensorsIoTest, MissingModel) {
 }
 
 TEST(RealCheckpointTest, Stories260K) {
-  const std::string dir = INFOFLOW_SHARED_DIR "/models/stories260K-hf";
+  const std::string dir = INFOFLOW_STORIES260K_DIR;
   absl::StatusOr<std::unique_ptr<SafetensorsFile>> f =
       SafetensorsFile::Open(dir + "/model.safetensors");
   ASSERT_TRUE(f.ok()) << f.status();

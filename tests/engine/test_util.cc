@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <mutex>
 
-#include "engine/test_model.h"
+#include "engine/model/test_model.h"
 
 namespace infoflow::testing {
 

@@ -7,11 +7,11 @@
 #include <memory>
 #include <string>
 
-#include "engine/model.h"
+#include "engine/model/model.h"
 
 namespace infoflow::testing {
 
-inline std::string Stories260KDir() { return INFOFLOW_SHARED_DIR "/models/stories260K-hf"; }
+inline std::string Stories260KDir() { return INFOFLOW_STORIES260K_DIR; }
 
 inline double MaxAbsDiff(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();

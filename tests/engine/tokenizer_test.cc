@@ -1,4 +1,4 @@
-// Tests for engine/tokenizer.h, engine/bpe_trainer.h and the regex / NFC
+// Tests for engine/text/tokenizer.h, engine/text/bpe_trainer.h and the regex / NFC
 // helpers behind them.
 //
 // The real-tokenizer tests compare against ids produced by an independent
@@ -22,10 +22,10 @@
 #include <thread>
 #include <vector>
 
-#include "engine/bpe_trainer.h"
-#include "engine/tokenizer.h"
-#include "engine/tokenizer_regex.h"
-#include "engine/unicode.h"
+#include "engine/text/bpe_trainer.h"
+#include "engine/text/tokenizer.h"
+#include "engine/text/tokenizer_regex.h"
+#include "engine/text/unicode.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

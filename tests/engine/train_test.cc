@@ -14,8 +14,8 @@
 #include <string>
 
 #include "absl/strings/str_split.h"
-#include "engine/kv_cache.h"
-#include "engine/model.h"
+#include "engine/model/kv_cache.h"
+#include "engine/model/model.h"
 #include "tests/engine/test_util.h"
 
 namespace infoflow {

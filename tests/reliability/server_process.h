@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -75,7 +76,9 @@ inline std::string HttpGet(int port, const std::string& path) {
   return body == std::string::npos ? "" : resp.substr(body + 4);
 }
 
-// Value of an unlabelled Prometheus sample `name` in `text`, -1 if absent.
+// Value of a Prometheus sample in `text` -- `name` alone, or with its labels
+// exactly as exposed (e.g. `infoflow_process_heap_bytes{state="in_use"}`) --
+// -1 if absent.
 inline double PromValue(const std::string& text, const std::string& name) {
   std::istringstream in(text);
   std::string line;
@@ -128,6 +131,10 @@ class ServerProcess {
     }
     pid_ = fork();
     if (pid_ == 0) {
+      if (address_space_limit_ > 0) {
+        const rlimit lim{address_space_limit_, address_space_limit_};
+        setrlimit(RLIMIT_AS, &lim);
+      }
       dup2(log_fd, STDERR_FILENO);
       dup2(log_fd, STDOUT_FILENO);
       execve(argv[0], argv.data(), envp.data());
@@ -164,12 +171,22 @@ class ServerProcess {
     return false;
   }
 
+  // Caps the child's virtual memory (RLIMIT_AS) from the next Start on:
+  // past it allocations fail instead of the machine swapping.
+  void set_address_space_limit(uint64_t bytes) { address_space_limit_ = bytes; }
+
   // SIGKILL (no cleanup at all) and reap.
   void Kill() { Signal(SIGKILL); }
   // SIGTERM and wait for a graceful exit; returns the exit status (or -1).
   int Stop() { return Signal(SIGTERM); }
 
-  bool Alive() const { return pid_ > 0 && kill(pid_, 0) == 0; }
+  // False once the child exited (a zombie counts as exited).
+  bool Alive() const {
+    if (pid_ <= 0) return false;
+    siginfo_t info{};
+    return waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+           info.si_pid == 0;
+  }
   pid_t pid() const { return pid_; }
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
@@ -204,6 +221,7 @@ class ServerProcess {
   pid_t pid_ = -1;
   int port_ = 0;
   int metrics_port_ = 0;
+  uint64_t address_space_limit_ = 0;
   std::shared_ptr<grpc::Channel> channel_;
 };
 

@@ -27,12 +27,12 @@
 #include <rocksdb/db.h>
 
 #include "cache_store/chunk_store.h"
-#include "engine/chunk_codec.h"
-#include "engine/model.h"
-#include "engine/pipeline.h"
-#include "engine/prefill.h"
-#include "engine/test_model.h"
-#include "engine/tokenizer.h"
+#include "engine/chunk/chunk_codec.h"
+#include "engine/model/model.h"
+#include "engine/blend/pipeline.h"
+#include "engine/chunk/chunk_prefill.h"
+#include "engine/model/test_model.h"
+#include "engine/text/tokenizer.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "infoflow/v1/infoflow.grpc.pb.h"
 #include "server/admission.h"
@@ -457,15 +457,21 @@ TEST(ChunkCodecTest, RoundTripIsBitExactAndOtherModelsAreRefused) {
   ASSERT_TRUE(rec.ok()) << rec.status();
   EXPECT_EQ(rec->Key(), ChunkKeyFor(**model, ids, PrefixMode::kBos));
   EXPECT_NE(rec->Key(), ChunkKeyFor(**model, ids, PrefixMode::kNone));
-  absl::StatusOr<std::shared_ptr<const ChunkKv>> back = DecodeChunkRecord(**model, *rec);
+  absl::StatusOr<std::shared_ptr<const ChunkKv>> back =
+      DecodeChunkRecord(**model, *rec, PrefixMode::kBos);
   ASSERT_TRUE(back.ok()) << back.status();
+  // The record knows its prefix mode: a query under the other mode is refused.
+  absl::Status other_mode = DecodeChunkRecord(**model, *rec, PrefixMode::kNone).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(other_mode)) << other_mode;
+  EXPECT_NE(other_mode.message().find("prefix_mode BOS"), std::string::npos) << other_mode;
   EXPECT_EQ((*back)->token_ids, ids);
   for (int l = 0; l < (*model)->n_layers(); ++l) {
     EXPECT_TRUE(at::equal((*back)->k[l], kv->k[l])) << l;
     EXPECT_TRUE(at::equal((*back)->v[l], kv->v[l])) << l;
   }
   (*model)->set_fingerprint("another-model");
-  EXPECT_TRUE(absl::IsFailedPrecondition(DecodeChunkRecord(**model, *rec).status()));
+  EXPECT_TRUE(
+      absl::IsFailedPrecondition(DecodeChunkRecord(**model, *rec, PrefixMode::kBos).status()));
   ChunkKv short_kv = *kv;
   short_kv.k.pop_back();
   EXPECT_TRUE(absl::IsInvalidArgument(EncodeChunkRecord(**model, short_kv, PrefixMode::kBos).status()));
@@ -728,12 +734,13 @@ TEST(AdmissionTest, RefusesWhenQueueIsFull) {
 TEST_F(ServerTest, BusyServerAnswersResourceExhausted) {
   h_.options.workers = 1;
   h_.options.queue_depth = 0;
-  h_.options.max_new_tokens = 4096;
+  h_.options.max_new_tokens = 3000;
   ASSERT_NO_FATAL_FAILURE(h_.Start());
   std::vector<std::string> keys = IngestKeys();
-  // Hold the only worker with a long stream that the client reads slowly.
+  // Hold the only worker with a long stream that the client reads slowly
+  // (long, but inside the model's 4096 positions: more is OUT_OF_RANGE).
   v1::QueryRequest longq = QueryByKeys(keys, v1::METHOD_NONE);
-  longq.set_max_new_tokens(4096);
+  longq.set_max_new_tokens(3000);
   longq.mutable_sampling()->set_temperature(1.0);
   grpc::ClientContext ctx;
   auto reader = h_.query->Query(&ctx, longq);

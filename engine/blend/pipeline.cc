@@ -1,0 +1,217 @@
+#include "engine/blend/pipeline.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "engine/blend/recompute.h"
+#include "engine/blend/reposition.h"
+#include "engine/blend/scoring.h"
+#include "engine/blend/selection.h"
+
+namespace infoflow {
+namespace {
+
+class Stopwatch {
+ public:
+  Stopwatch() : start_(std::chrono::steady_clock::now()) {}
+  double Ms() const {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_)
+        .count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
+
+absl::Status Validate(const Model& model, const QueryInput& input, const MethodOptions& options) {
+  if (!(options.ratio >= 0.0 && options.ratio <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("ratio must be in [0, 1], got ", options.ratio));
+  }
+  if (options.lego_k < 0) return absl::InvalidArgumentError("lego_k must be >= 0");
+  if (input.chunks.empty()) return absl::InvalidArgumentError("chunks: need at least one chunk");
+  if (input.prompt_ids.empty()) return absl::InvalidArgumentError("prompt: no tokens");
+  const auto& c = model.config();
+  for (size_t i = 0; i < input.chunks.size(); ++i) {
+    const ChunkKv* ch = input.chunks[i].get();
+    if (ch == nullptr || ch->size() == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("chunks[", i, "] is empty"));
+    }
+    if (static_cast<int>(ch->k.size()) != model.n_layers() ||
+        static_cast<int>(ch->v.size()) != model.n_layers() || ch->k[0].dim() != 3 ||
+        ch->k[0].size(0) != c.num_key_value_heads || ch->k[0].size(1) != ch->size() ||
+        ch->k[0].size(2) != c.head_dim) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("chunks[", i, "]: KV shape does not match the model"));
+    }
+  }
+  for (int l : options.scoring_layers) {
+    if (l < 0 || l >= model.n_layers()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("scoring_layers: layer ", l, " outside [0, ", model.n_layers(), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<int> DefaultScoringLayers(const Model& model) {
+  const int n = model.n_layers();
+  if (n > 26) return {22, 23, 24, 25};
+  std::vector<int> layers;
+  for (int l = std::max(0, n - 5); l <= std::max(0, n - 2); ++l) layers.push_back(l);
+  return layers;
+}
+
+absl::StatusOr<BlendedContext> BuildContext(const Model& model, const QueryInput& input,
+                                            const MethodOptions& options) {
+  if (absl::Status s = Validate(model, input, options); !s.ok()) return s;
+  BlendedContext ctx(model.n_layers());
+  RecomputePlan& plan = ctx.plan;
+  StageTimings& t = plan.timings;
+  plan.method = options.method;
+  const int64_t n_prefix = static_cast<int64_t>(input.prefix_ids.size());
+  std::vector<int64_t> lengths;
+  for (const auto& c : input.chunks) lengths.push_back(c->size());
+  const int64_t n_ctx = std::accumulate(lengths.begin(), lengths.end(), int64_t{0});
+  plan.context_tokens = n_ctx;
+  plan.chunk_order.resize(input.chunks.size());
+  std::iota(plan.chunk_order.begin(), plan.chunk_order.end(), 0);
+  ctx.next_position = n_prefix + n_ctx;
+  ForwardOptions no_logits;
+  no_logits.logits = ForwardOptions::Logits::kNone;
+
+  if (options.method == Method::kFull) {
+    // The exactness reference: no reuse at all.
+    Stopwatch sw;
+    std::vector<int32_t> ids = input.prefix_ids;
+    for (const auto& c : input.chunks) ids.insert(ids.end(), c->token_ids.begin(), c->token_ids.end());
+    PrefillTokens(model, ids, 0, &ctx.cache, no_logits);
+    plan.selected.resize(n_ctx);
+    std::iota(plan.selected.begin(), plan.selected.end(), 0);
+    t.recompute_ms = sw.Ms();
+    return ctx;
+  }
+
+  Stopwatch sw;
+  if (n_prefix > 0) PrefillTokens(model, input.prefix_ids, 0, &ctx.cache, no_logits);
+  std::vector<int32_t> slot_ids = input.prefix_ids;
+  std::vector<int32_t> ctx_ids =
+      RepositionChunks(model, input.chunks, plan.chunk_order, n_prefix, &ctx.cache);
+  slot_ids.insert(slot_ids.end(), ctx_ids.begin(), ctx_ids.end());
+  t.reposition_ms = sw.Ms();
+
+  const int64_t k = BudgetFor(options.ratio, n_ctx);
+  // The first chunk's cached KV is already exact when it was prefilled after
+  // exactly this prefix: recomputing it would be wasted budget.
+  const int32_t bos = static_cast<int32_t>(model.config().bos_token_id.value_or(1));
+  const bool first_exact =
+      (input.chunk_prefix_mode == PrefixMode::kNone && input.prefix_ids.empty()) ||
+      (input.chunk_prefix_mode == PrefixMode::kBos && input.prefix_ids == std::vector<int32_t>{bos});
+  const std::vector<bool> eligible =
+      first_exact ? ExcludeFirstChunk(n_ctx, lengths[plan.chunk_order[0]]) : std::vector<bool>{};
+
+  switch (options.method) {
+    case Method::kFull:
+    case Method::kNone:
+      break;
+    case Method::kInfoFlow: {
+      const std::vector<int> layers =
+          options.scoring_layers.empty() ? DefaultScoringLayers(model) : options.scoring_layers;
+      const std::vector<int32_t>& question =
+          input.question_ids.empty() ? input.prompt_ids : input.question_ids;
+      auto score = [&] {
+        Stopwatch s;
+        at::Tensor scores = ScoreByAttentionNorm(model, &ctx.cache, question, n_prefix + n_ctx,
+                                                 n_prefix, n_prefix + n_ctx, layers, options.variant);
+        t.score_ms += s.Ms();
+        return scores;
+      };
+      at::Tensor scores = score();
+      if (options.reorder && input.chunks.size() > 1) {
+        Stopwatch s;
+        std::vector<int64_t> first_pass = SelectTopK(scores, k);
+        std::vector<int> order = ReorderChunks(first_pass, lengths, plan.chunk_order);
+        if (order != plan.chunk_order) {
+          plan.chunk_order = order;
+          ctx.cache.Truncate(n_prefix);
+          slot_ids.resize(n_prefix);
+          ctx_ids = RepositionChunks(model, input.chunks, plan.chunk_order, n_prefix, &ctx.cache);
+          slot_ids.insert(slot_ids.end(), ctx_ids.begin(), ctx_ids.end());
+          t.reorder_ms += s.Ms();
+          scores = score();
+        } else {
+          t.reorder_ms += s.Ms();
+        }
+        Stopwatch sel;
+        plan.selected = SelectTopK(scores, k);
+        t.select_ms += sel.Ms();
+      } else {
+        Stopwatch sel;
+        plan.selected = SelectTopK(scores, k, eligible);
+        t.select_ms += sel.Ms();
+      }
+      plan.scores.assign(scores.data_ptr<double>(), scores.data_ptr<double>() + n_ctx);
+      break;
+    }
+    case Method::kCacheBlend: {
+      Stopwatch s;
+      plan.selected = CacheBlendRecompute(model, &ctx.cache, slot_ids, n_prefix, n_prefix + n_ctx,
+                                          k, options.deviation);
+      t.recompute_ms += s.Ms();
+      return ctx;
+    }
+    case Method::kEpic: {
+      std::vector<int64_t> ordered;
+      for (int c : plan.chunk_order) ordered.push_back(lengths[c]);
+      plan.selected = EpicSelect(ordered, options.lego_k, eligible);
+      break;
+    }
+    case Method::kRandom:
+      plan.selected = RandomSelect(n_ctx, k, options.seed, eligible);
+      break;
+  }
+
+  Stopwatch rc;
+  std::vector<int64_t> slots;
+  slots.reserve(plan.selected.size());
+  for (int64_t i : plan.selected) slots.push_back(n_prefix + i);
+  RecomputeTokens(model, &ctx.cache, slot_ids, slots);
+  t.recompute_ms += rc.Ms();
+  return ctx;
+}
+
+absl::StatusOr<QueryResult> RunQuery(const Model& model, const Tokenizer* tokenizer,
+                                     const QueryInput& input, const MethodOptions& options,
+                                     const DecodeOptions& decode, const TokenCallback& on_token) {
+  Stopwatch total;
+  absl::StatusOr<BlendedContext> ctx = BuildContext(model, input, options);
+  if (!ctx.ok()) return ctx.status();
+  QueryResult result;
+  Stopwatch prompt;
+  at::Tensor logits = PrefillTokens(model, input.prompt_ids, ctx->next_position, &ctx->cache).logits;
+  ctx->plan.timings.prompt_ms = prompt.Ms();
+  const int64_t next = ctx->next_position + static_cast<int64_t>(input.prompt_ids.size());
+  Stopwatch first;
+  bool got_first = false;
+  Stopwatch decode_sw;
+  result.decode = Decode(model, &ctx->cache, next, logits, decode, tokenizer,
+                         [&](int32_t id, std::string_view text) {
+                           if (!got_first) {
+                             got_first = true;
+                             ctx->plan.timings.first_token_ms = first.Ms();
+                             result.ttft_ms = total.Ms();
+                           }
+                           return on_token ? on_token(id, text) : true;
+                         });
+  if (!got_first) result.ttft_ms = total.Ms();
+  ctx->plan.timings.decode_ms = decode_sw.Ms();
+  result.plan = std::move(ctx->plan);
+  return result;
+}
+
+}  // namespace infoflow

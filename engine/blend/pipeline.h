@@ -1,0 +1,89 @@
+// The query-time pipeline of docs/DESIGN.md §2: given stored chunk KVs and a
+// question, build the merged context KV by one Method, then prefill the
+// prompt and decode. Every stage is one named function in its own file:
+//   reposition.h  RepositionChunks       (§2.3)
+//   scoring.h     ScoreByAttentionNorm   (§2.4)
+//   selection.h   SelectTopK, ReorderChunks, EpicSelect, RandomSelect
+//                                        (§2.5, §2.6, §3)
+//   recompute.h   RecomputeTokens (§2.7), CacheBlendRecompute (§3)
+// and this file composes them.
+//
+// Thread-safety: the functions are reentrant; a Model may be shared, each call
+// owns its KvCache.
+#ifndef INFOFLOW_ENGINE_BLEND_PIPELINE_H_
+#define INFOFLOW_ENGINE_BLEND_PIPELINE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/decode/decode.h"
+#include "engine/model/kv_cache.h"
+#include "engine/model/model.h"
+#include "engine/blend/method.h"
+#include "engine/chunk/chunk_prefill.h"
+
+namespace infoflow {
+
+// Paper's 22..25 for models with more than 26 layers, else L-5..L-2
+// (clipped at 0).
+std::vector<int> DefaultScoringLayers(const Model& model);
+
+// One query's inputs, all as token ids.
+struct QueryInput {
+  // What precedes the chunks (e.g. [BOS]); its KV is computed fresh.
+  std::vector<int32_t> prefix_ids;
+  // The stored chunks, in request order. Each was prefilled alone after
+  // `chunk_prefix_mode`.
+  std::vector<std::shared_ptr<const ChunkKv>> chunks;
+  PrefixMode chunk_prefix_mode = PrefixMode::kBos;
+  // The raw question, used for scoring (not the instruction template).
+  std::vector<int32_t> question_ids;
+  // What is prefilled after the context before decoding: template + question.
+  std::vector<int32_t> prompt_ids;
+};
+
+struct StageTimings {
+  double reposition_ms = 0, score_ms = 0, select_ms = 0, reorder_ms = 0, recompute_ms = 0,
+         prompt_ms = 0, first_token_ms = 0, decode_ms = 0;
+};
+
+struct RecomputePlan {
+  Method method = Method::kInfoFlow;
+  int64_t context_tokens = 0;    // chunk tokens, prefix excluded
+  std::vector<int64_t> selected;  // recomputed context indices (0 = first chunk token), sorted
+  std::vector<int> chunk_order;   // final order, as indices into QueryInput::chunks
+  std::vector<double> scores;     // per context token (INFOFLOW), final layout order
+  StageTimings timings;
+};
+
+// The merged context KV for prefix + chunks, ready for the prompt.
+struct BlendedContext {
+  KvCache cache;
+  RecomputePlan plan;
+  int64_t next_position = 0;  // where the prompt starts
+  BlendedContext(int n_layers) : cache(n_layers) {}
+};
+
+// Builds the merged context by `options.method`. InvalidArgument for ratio
+// outside [0, 1], bad scoring layers, empty chunks, or chunks whose K/V
+// shapes do not fit the model.
+absl::StatusOr<BlendedContext> BuildContext(const Model& model, const QueryInput& input,
+                                            const MethodOptions& options);
+
+struct QueryResult {
+  RecomputePlan plan;
+  DecodeResult decode;
+  double ttft_ms = 0;  // from BuildContext start to the first sampled token
+};
+
+// BuildContext + prompt prefill + Decode, streaming tokens to `on_token`.
+absl::StatusOr<QueryResult> RunQuery(const Model& model, const Tokenizer* tokenizer,
+                                     const QueryInput& input, const MethodOptions& options,
+                                     const DecodeOptions& decode, const TokenCallback& on_token);
+
+}  // namespace infoflow
+
+#endif  // INFOFLOW_ENGINE_BLEND_PIPELINE_H_

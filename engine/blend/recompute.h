@@ -1,0 +1,40 @@
+// Selective recompute (docs/DESIGN.md §2.7) and CacheBlend's layer-1 selection.
+#ifndef INFOFLOW_ENGINE_BLEND_RECOMPUTE_H_
+#define INFOFLOW_ENGINE_BLEND_RECOMPUTE_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/model/kv_cache.h"
+#include "engine/model/model.h"
+#include "engine/blend/method.h"
+
+namespace infoflow {
+
+// Recomputes the cache slots `slots` (sorted, each < cache->size(), holding
+// token `slot_ids[slot]`) under the global causal mask: from `first_layer`
+// on, each layer computes Q, K, V for those rows only with RoPE at their
+// positions, overwrites their K/V in the cache, and lets them attend to every
+// cache entry with position <= theirs; other slots keep their cached K/V.
+// Layer input at `first_layer` is `hidden` ([|slots|, d]) or, when
+// undefined, the token embeddings (first_layer must then be 0).
+// Cost per layer: O(|slots| * N) attention + O(|slots|) projections/MLP.
+void RecomputeTokens(const Model& model, KvCache* cache, const std::vector<int32_t>& slot_ids,
+                     const std::vector<int64_t>& slots, int first_layer = 0,
+                     const at::Tensor& hidden = at::Tensor());
+
+// CacheBlend: runs layers 0 and 1 for every slot in [begin, end) (layer 0
+// full), measures per token the layer-1 deviation sum((new - cached)^2) over
+// heads and dims of V (or K, pre-RoPE-equivalent since both are rotated at
+// the same position), keeps the top `k` (context indices relative to
+// `begin`, sorted), keeps fresh layer-1 K/V only for those, and recomputes
+// them from layer 2 on. k = 0 leaves the cache as it was (== NONE).
+std::vector<int64_t> CacheBlendRecompute(const Model& model, KvCache* cache,
+                                         const std::vector<int32_t>& slot_ids, int64_t begin,
+                                         int64_t end, int64_t k, Deviation deviation);
+
+}  // namespace infoflow
+
+#endif  // INFOFLOW_ENGINE_BLEND_RECOMPUTE_H_

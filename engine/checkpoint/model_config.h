@@ -1,0 +1,96 @@
+// The architecture hyper-parameters of a LLaMA-family model, read from a
+// Hugging Face config.json, torch-free.
+//
+// Supported model_type values: llama, mistral, qwen2, qwen3. Differences the
+// forward pass must honor are explicit fields here (attention_bias, qk_norm,
+// head_dim, rope_scaling) rather than checks of model_type elsewhere.
+//
+// All functions are pure and thread-safe.
+
+#ifndef INFOFLOW_ENGINE_CHECKPOINT_MODEL_CONFIG_H_
+#define INFOFLOW_ENGINE_CHECKPOINT_MODEL_CONFIG_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace infoflow {
+
+// config.json "rope_scaling". kNone when absent, null, or rope_type
+// "default".
+struct RopeScaling {
+  enum class Type { kNone, kLinear, kLlama3 };
+  Type type = Type::kNone;
+  double factor = 1.0;  // kLinear and kLlama3.
+  // kLlama3 only:
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct ModelConfig {
+  std::string model_type;  // "llama", "mistral", "qwen2" or "qwen3".
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;  // Defaults to num_attention_heads.
+  int64_t head_dim = 0;  // Defaults to hidden_size / num_attention_heads.
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  int64_t max_position_embeddings = 0;  // Defaults per model_type.
+  bool tie_word_embeddings = false;
+  // Bias on the q/k/v projections (never on o_proj). Default: true for
+  // qwen2, false otherwise; an explicit "attention_bias" wins.
+  bool attention_bias = false;
+  // Per-head RMSNorm on q and k before RoPE (q_norm/k_norm weights); qwen3.
+  bool qk_norm = false;
+  std::string hidden_act = "silu";  // Only "silu" is accepted.
+  std::optional<int64_t> bos_token_id;
+  std::vector<int64_t> eos_token_ids;  // "eos_token_id": int or list.
+  std::string torch_dtype;  // "float32", "bfloat16", ... or "" if absent.
+};
+
+// Parses the text of a config.json. Returns InvalidArgument, with a message
+// naming the offending field, for invalid JSON, an unsupported model_type or
+// rope_scaling type, a missing or non-positive size, or inconsistent sizes
+// (num_attention_heads % num_key_value_heads != 0, hidden_size not divisible
+// by num_attention_heads when head_dim is not given, odd head_dim).
+absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json);
+
+// Reads and parses the config.json at `path` (a file, or a directory holding
+// config.json). Errors are those of ParseModelConfig prefixed with the path,
+// or NotFound if the file cannot be read.
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path);
+
+// Serializes `config` as a Hugging Face compatible config.json (pretty
+// printed, with "architectures" set from model_type) that ParseModelConfig
+// reads back to an equal config.
+std::string ModelConfigToJson(const ModelConfig& config);
+
+// The head_dim / 2 RoPE inverse frequencies, with rope_scaling applied the
+// way Hugging Face transformers does (_compute_default_rope_parameters,
+// _compute_linear_scaling_rope_parameters, _compute_llama3_parameters):
+//   inv_freq[i] = 1 / rope_theta^(2i / head_dim)
+//   linear: inv_freq[i] / factor
+//   llama3: with wavelen = 2*pi / inv_freq[i],
+//           high_wl = original_max / high_freq_factor,
+//           low_wl = original_max / low_freq_factor:
+//     wavelen < high_wl  -> inv_freq[i]
+//     wavelen > low_wl   -> inv_freq[i] / factor
+//     otherwise          -> (1 - s) * inv_freq[i] / factor + s * inv_freq[i],
+//                           s = (original_max / wavelen - low_freq_factor) /
+//                               (high_freq_factor - low_freq_factor)
+// Computed in double; transformers computes in float32, so values agree to
+// float precision (relative ~1e-7), not bit for bit.
+std::vector<double> RopeInverseFrequencies(const ModelConfig& config);
+
+}  // namespace infoflow
+
+#endif  // INFOFLOW_ENGINE_CHECKPOINT_MODEL_CONFIG_H_

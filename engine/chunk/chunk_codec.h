@@ -1,0 +1,54 @@
+// The one place that converts between the engine's ChunkKv tensors and the
+// store's KV records (cache_store/kv_record.h), and that names a chunk's key.
+//
+// Records hold K (pre-RoPE) and V per layer in the model's compute dtype, so
+// a round trip is bit-exact. Pure functions over the codec: no RocksDB here.
+// All functions are thread-safe.
+#ifndef INFOFLOW_ENGINE_CHUNK_CHUNK_CODEC_H_
+#define INFOFLOW_ENGINE_CHUNK_CHUNK_CODEC_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cache_store/chunk_key.h"
+#include "cache_store/kv_record.h"
+#include "engine/model/kv_cache.h"
+#include "engine/model/model.h"
+#include "engine/chunk/chunk_prefill.h"
+
+namespace infoflow {
+
+// The store's persisted prefix-mode value for the engine's mode.
+store::PrefixMode ToStorePrefixMode(PrefixMode mode);
+
+// The store dtype for `model`'s compute dtype. InvalidArgument for dtypes a
+// record cannot hold.
+absl::StatusOr<store::KvDtype> StoreDtypeFor(const Model& model);
+
+// Key of the chunk `ids` as `model` would store it under `mode`
+// (fingerprint, mode, compute dtype, ids). Requires a model whose dtype
+// StoreDtypeFor accepts (f32/bf16/f16; every loadable model).
+store::ChunkKey ChunkKeyFor(const Model& model, const std::vector<int32_t>& ids, PrefixMode mode);
+
+// Encodes `kv` (as produced by PrefillChunk for `model` under `mode`) into a
+// record. FailedPrecondition when the model has no fingerprint;
+// InvalidArgument when kv's shapes do not fit the model.
+absl::StatusOr<std::string> EncodeChunkRecord(const Model& model, const ChunkKv& kv,
+                                              PrefixMode mode);
+
+// Decodes a verified record into tensors on the model's device (copied: the
+// result does not reference the record's buffer). FailedPrecondition when
+// the record was made by another model (fingerprint, n_layers, n_kv_heads,
+// head_dim or dtype differ) or prefilled under another prefix mode than
+// `mode` (its KV sits at other local positions: using it would be silently
+// wrong).
+absl::StatusOr<std::shared_ptr<const ChunkKv>> DecodeChunkRecord(const Model& model,
+                                                                 const store::KvRecord& record,
+                                                                 PrefixMode mode);
+
+}  // namespace infoflow
+
+#endif  // INFOFLOW_ENGINE_CHUNK_CHUNK_CODEC_H_

@@ -1,0 +1,40 @@
+#include "engine/chunk/chunk_prefill.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace infoflow {
+
+int64_t PrefixLength(PrefixMode mode) { return mode == PrefixMode::kBos ? 1 : 0; }
+
+absl::StatusOr<ChunkKv> PrefillChunk(const Model& model, const std::vector<int32_t>& tokens,
+                                     PrefixMode prefix_mode) {
+  if (tokens.empty()) return absl::InvalidArgumentError("chunk has no tokens");
+  const int64_t vocab = model.config().vocab_size;
+  for (int32_t t : tokens) {
+    if (t < 0 || t >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", t, " outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  std::vector<int32_t> input;
+  const int64_t prefix = PrefixLength(prefix_mode);
+  if (prefix_mode == PrefixMode::kBos) input.push_back(static_cast<int32_t>(model.config().bos_token_id.value_or(1)));
+  input.insert(input.end(), tokens.begin(), tokens.end());
+
+  KvCache cache(model.n_layers());
+  ForwardOptions options;
+  options.logits = ForwardOptions::Logits::kNone;
+  options.return_unrotated_keys = true;
+  ForwardResult r = PrefillTokens(model, input, 0, &cache, options);
+
+  ChunkKv chunk;
+  chunk.token_ids = tokens;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  for (int l = 0; l < model.n_layers(); ++l) {
+    chunk.k.push_back(r.unrotated_keys[l].narrow(1, prefix, n).contiguous());
+    chunk.v.push_back(cache.values(l).narrow(1, prefix, n).contiguous());
+  }
+  return chunk;
+}
+
+}  // namespace infoflow

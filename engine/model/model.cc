@@ -1,0 +1,225 @@
+#include "engine/model/model.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+
+namespace infoflow {
+namespace {
+
+std::atomic<int64_t> g_attention_rows{0};
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  // Statistics in f32 even for bf16 activations, as Hugging Face does.
+  at::Tensor xf = x.to(at::kFloat);
+  at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return normed.to(x.scalar_type()) * weight;
+}
+
+// Rotate-half RoPE (Hugging Face layout): x [n, T, hd], cos/sin [T, hd].
+at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  at::Tensor x1 = x.narrow(-1, 0, half);
+  at::Tensor x2 = x.narrow(-1, half, half);
+  at::Tensor rotated = at::cat({-x2, x1}, -1);
+  return x * cos + rotated * sin;
+}
+
+}  // namespace
+
+Model::Model(ModelConfig config, ModelWeights weights, c10::Device device, c10::ScalarType dtype)
+    : config_(std::move(config)), weights_(std::move(weights)), device_(device), dtype_(dtype) {
+  std::vector<double> inv = RopeInverseFrequencies(config_);
+  inv_freq_ = at::tensor(inv, at::TensorOptions().dtype(at::kDouble)).to(device_);
+}
+
+at::Tensor Model::Embed(const at::Tensor& tokens) const {
+  return weights_.embed.index_select(0, tokens);
+}
+
+std::pair<at::Tensor, at::Tensor> Model::RopeTables(const at::Tensor& positions) const {
+  // Angles in f64 so that large positions keep full precision.
+  at::Tensor angles = positions.to(at::kDouble).unsqueeze(1) * inv_freq_.unsqueeze(0);
+  at::Tensor emb = at::cat({angles, angles}, -1);
+  return {emb.cos().to(dtype_), emb.sin().to(dtype_)};
+}
+
+at::Tensor Model::Rotate(const at::Tensor& k, const at::Tensor& positions) const {
+  return Rotate(k, RopeTables(positions.to(device_)));
+}
+
+at::Tensor Model::Rotate(const at::Tensor& k, const std::pair<at::Tensor, at::Tensor>& rope) {
+  return ApplyRope(k, rope.first, rope.second);
+}
+
+at::Tensor Model::Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& q_pos, const at::Tensor& k_pos,
+                            AttentionColumnStats* stats_out, bool keys_sorted) {
+  const int64_t n_heads = q.size(0), n_q = q.size(1), hd = q.size(2);
+  g_attention_rows.fetch_add(n_q, std::memory_order_relaxed);
+  const int64_t n_kv = k.size(0), n_keys = k.size(1);
+  const int64_t group = n_heads / n_kv;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  // Query heads [H] = [Hkv, group]: kv head j serves query heads j*group..,
+  // so no copy of K/V per query head is needed.
+  at::Tensor q4 = q.reshape({n_kv, group, n_q, hd});
+  // Bound the score matrix to ~2M elements (8 MB f32) per block of query
+  // rows: blocks stay cache-friendly and out of mmap'd allocations, whose
+  // page faults cost more than the matmuls on small VMs. Measured on 2
+  // cores, 2048-token prefill: 1M 1048 ms, 2M ~860 ms, 4M 1068 ms, 8M 1594 ms.
+  const int64_t block =
+      std::max<int64_t>(1, (int64_t{2} << 20) / std::max<int64_t>(1, n_heads * n_keys));
+  at::Tensor q_pos_cpu, k_pos_cpu;
+  if (keys_sorted) {
+    q_pos_cpu = q_pos.cpu().contiguous();
+    k_pos_cpu = k_pos.cpu().contiguous();
+  }
+  std::vector<at::Tensor> outs;
+  if (stats_out) {
+    const auto f64 = at::TensorOptions().dtype(at::kDouble);
+    stats_out->sum = at::zeros({n_keys}, f64);
+    stats_out->sum_sq = at::zeros({n_keys}, f64);
+  }
+  for (int64_t b0 = 0; b0 < n_q; b0 += block) {
+    const int64_t nb = std::min(block, n_q - b0);
+    // Keys [0, nk) can be visible to some query of the block; keys [0, lo)
+    // are visible to all of them and need no mask.
+    int64_t nk = n_keys, lo = 0;
+    if (keys_sorted) {
+      const int64_t* qp = q_pos_cpu.data_ptr<int64_t>() + b0;
+      const int64_t* kp = k_pos_cpu.data_ptr<int64_t>();
+      const auto [first, last] = std::minmax_element(qp, qp + nb);
+      nk = std::upper_bound(kp, kp + n_keys, *last) - kp;
+      lo = std::upper_bound(kp, kp + n_keys, *first) - kp;
+    }
+    at::Tensor kb = k.narrow(1, 0, nk), vb = v.narrow(1, 0, nk);
+    // Scaling q (nb x hd) is cheaper than scaling the scores (nb x nk).
+    at::Tensor qb = (q4.narrow(2, b0, nb) * scale).reshape({n_kv, group * nb, hd});
+    // at::matmul, not at::bmm: libtorch 1.13's CPU bmm is ~4x slower with
+    // a transposed right operand (measured, 2048 keys x 64 dims).
+    at::Tensor scores = at::matmul(qb, kb.transpose(1, 2)).view({n_kv, group, nb, nk});
+    if (scores.scalar_type() != at::kFloat) scores = scores.to(at::kFloat);
+    if (lo < nk) {
+      at::Tensor hidden =
+          k_pos.narrow(0, lo, nk - lo).unsqueeze(0) > q_pos.narrow(0, b0, nb).unsqueeze(1);
+      scores.narrow(3, lo, nk - lo).masked_fill_(hidden, -std::numeric_limits<float>::infinity());
+    }
+    // Positive dim on purpose: libtorch 1.13 softmax(x, -1) on this 4-D
+    // tensor takes a ~6x slower path than softmax(x, 3) (measured).
+    at::Tensor p = at::softmax(scores, 3);
+    at::Tensor o = at::bmm(p.to(v.scalar_type()).view({n_kv, group * nb, nk}), vb);
+    outs.push_back(o.view({n_kv, group, nb, hd}));
+    if (stats_out) {
+      // Keys past nk are hidden from the whole block: probability 0 there.
+      at::Tensor a = p.view({n_heads, nb, nk}).mean(0).to(at::kDouble).cpu();  // [nb, nk]
+      stats_out->sum.narrow(0, 0, nk) += a.sum(0);
+      stats_out->sum_sq.narrow(0, 0, nk) += a.pow(2).sum(0);
+    }
+  }
+  at::Tensor out = outs.size() == 1 ? outs[0] : at::cat(outs, 2);
+  return out.reshape({n_heads, n_q, hd});
+}
+
+at::Tensor Model::Layer(int layer, const at::Tensor& h, const at::Tensor& positions,
+                        const std::pair<at::Tensor, at::Tensor>& rope, const at::Tensor& slots,
+                        KvCache* cache, const LayerTrace& trace) const {
+  const LayerWeights& w = weights_.layers[layer];
+  const int64_t n_q = h.size(0);
+  const int64_t n_heads = config_.num_attention_heads, n_kv = config_.num_key_value_heads;
+  const int64_t hd = config_.head_dim;
+  const double eps = config_.rms_norm_eps;
+
+  // Attention block.
+  at::Tensor x = RmsNorm(h, w.attn_norm, eps);
+  at::Tensor qkv = at::linear(x, w.wqkv, w.bqkv);
+  std::vector<at::Tensor> parts = qkv.split_with_sizes({n_heads * hd, n_kv * hd, n_kv * hd}, 1);
+  at::Tensor q = parts[0].view({n_q, n_heads, hd});
+  at::Tensor k = parts[1].view({n_q, n_kv, hd});
+  at::Tensor v = parts[2].view({n_q, n_kv, hd});
+  if (w.q_norm.defined()) {
+    q = RmsNorm(q, w.q_norm, eps);
+    k = RmsNorm(k, w.k_norm, eps);
+  }
+  q = ApplyRope(q.transpose(0, 1), rope.first, rope.second);  // [H, q, hd]
+  if (trace.unrotated_keys) *trace.unrotated_keys = k.transpose(0, 1).contiguous();
+  k = ApplyRope(k.transpose(0, 1), rope.first, rope.second);  // [Hkv, q, hd]
+  cache->WriteAt(layer, slots, k, v.transpose(0, 1));
+  at::Tensor attn = Attention(q, cache->keys(layer), cache->values(layer), positions,
+                              cache->positions(), trace.attention, cache->positions_sorted());
+  at::Tensor out = h + at::linear(attn.transpose(0, 1).reshape({n_q, n_heads * hd}), w.wo, w.bo);
+
+  // SwiGLU MLP block.
+  x = RmsNorm(out, w.mlp_norm, eps);
+  std::vector<at::Tensor> gate_up = at::linear(x, w.w_gate_up).chunk(2, -1);
+  return out + at::linear(at::silu(gate_up[0]) * gate_up[1], w.w_down);
+}
+
+at::Tensor Model::Logits(const at::Tensor& hidden) const {
+  return at::linear(RmsNorm(hidden, weights_.final_norm, config_.rms_norm_eps),
+                    weights_.lm_head)
+      .to(at::kFloat);
+}
+
+ForwardResult Model::Forward(const at::Tensor& tokens_in, const at::Tensor& positions_in,
+                             const at::Tensor& slots_in, KvCache* cache,
+                             const ForwardOptions& options) const {
+  at::Tensor tokens = tokens_in.to(device_, at::kLong);
+  at::Tensor positions = positions_in.to(device_, at::kLong);
+  at::Tensor slots;
+  if (slots_in.defined()) {
+    slots = slots_in.to(device_, at::kLong);
+    cache->SetPositions(slots, positions);
+  } else {
+    const int64_t first = cache->AppendPositions(positions);
+    slots = at::arange(first, first + tokens.size(0), tokens.options());
+  }
+  const int last = options.last_layer < 0 ? n_layers() - 1 : options.last_layer;
+  auto rope = RopeTables(positions);
+
+  ForwardResult result;
+  at::Tensor h = Embed(tokens);
+  for (int l = 0; l <= last; ++l) {
+    bool capture = false;
+    for (int c : options.capture_attention) capture |= (c == l);
+    AttentionColumnStats stats;
+    at::Tensor unrotated;
+    LayerTrace trace;
+    if (capture) trace.attention = &stats;
+    if (options.return_unrotated_keys) trace.unrotated_keys = &unrotated;
+    h = Layer(l, h, positions, rope, slots, cache, trace);
+    if (capture) result.attention[l] = std::move(stats);
+    if (options.return_unrotated_keys) result.unrotated_keys.push_back(unrotated);
+  }
+  result.hidden = h;
+  if (options.logits == ForwardOptions::Logits::kLast) {
+    result.logits = Logits(h.narrow(0, h.size(0) - 1, 1));
+  } else if (options.logits == ForwardOptions::Logits::kAll) {
+    result.logits = Logits(h);
+  }
+  return result;
+}
+
+int64_t AttentionQueryRows() { return g_attention_rows.load(std::memory_order_relaxed); }
+
+absl::StatusOr<c10::Device> ResolveDevice(const std::string& name) {
+  if (name == "cpu") return c10::Device(c10::kCPU);
+  if (name == "auto") return at::hasCUDA() ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  if (name.rfind("cuda", 0) == 0) {
+    if (!at::hasCUDA()) {
+      return absl::FailedPreconditionError("device '" + name +
+                                           "' requested but this libtorch has no CUDA");
+    }
+    try {
+      return c10::Device(name);
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError("bad device '" + name + "': " + e.what());
+    }
+  }
+  return absl::InvalidArgumentError("device must be auto, cpu or cuda[:N], got '" + name + "'");
+}
+
+}  // namespace infoflow

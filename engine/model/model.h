@@ -1,0 +1,170 @@
+// A LLaMA-family decoder (LLaMA 2/3, Mistral, Qwen2, Qwen3) in libtorch.
+//
+// Config, weights and run state are kept apart (llama2.c style): ModelConfig
+// is plain data, ModelWeights holds tensors, and all per-request state lives in
+// the caller's KvCache. A Model is immutable after Load and safe to use from
+// several threads at once, each with its own KvCache.
+//
+// The one primitive is Forward(tokens, positions, slots, cache): the tokens'
+// K/V are written into `cache` at `slots`, then each token attends to every
+// cache entry whose position <= its own position. Prefill, decode, scoring and
+// selective recompute are all this call with different slots and positions.
+#ifndef INFOFLOW_ENGINE_MODEL_MODEL_H_
+#define INFOFLOW_ENGINE_MODEL_MODEL_H_
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/kv_cache.h"
+#include "engine/checkpoint/model_config.h"
+
+namespace infoflow {
+
+struct LayerWeights {
+  at::Tensor attn_norm;  // [d]
+  at::Tensor wqkv;       // [(H + 2*Hkv) * hd, d]: q, k, v projections fused
+  at::Tensor bqkv;       // [(H + 2*Hkv) * hd] or undefined (no attention bias)
+  at::Tensor q_norm;     // [hd] or undefined (Qwen3 per-head RMSNorm)
+  at::Tensor k_norm;     // [hd] or undefined
+  at::Tensor wo;         // [d, H * hd]
+  at::Tensor bo;         // [d] or undefined (Llama attention_bias; never Qwen2)
+  at::Tensor mlp_norm;   // [d]
+  at::Tensor w_gate_up;  // [2 * intermediate, d]: gate and up fused
+  at::Tensor w_down;     // [d, intermediate]
+};
+
+struct ModelWeights {
+  at::Tensor embed;  // [vocab, d]
+  std::vector<LayerWeights> layers;
+  at::Tensor final_norm;  // [d]
+  at::Tensor lm_head;     // [vocab, d]; the embedding when tied
+};
+
+struct LoadOptions {
+  std::string device = "auto";  // "auto" (CUDA when available), "cpu", "cuda", "cuda:N"
+  // Compute dtype: "auto" = f32 on CPU (bf16 matmuls are slow on many CPUs),
+  // the checkpoint's dtype on CUDA. Or "f32", "bf16", "f16".
+  std::string dtype = "auto";
+};
+
+// What a Forward call should return besides writing K/V into the cache.
+struct ForwardOptions {
+  enum class Logits { kNone, kLast, kAll };
+  Logits logits = Logits::kLast;
+  // Stop after this layer (inclusive); -1 runs every layer. Layers after it
+  // write nothing into the cache. Scoring stops after its last scoring layer.
+  int last_layer = -1;
+  // Layers whose head-mean attention column statistics to return (what
+  // InfoFlow scoring needs). Reduced block by block inside the attention, so
+  // the memory is O(N) per layer, never O(H * q * N).
+  std::vector<int> capture_attention;
+  // Also return each layer's K before RoPE ([Hkv, q, hd]) for the new tokens:
+  // what ingest stores.
+  bool return_unrotated_keys = false;
+};
+
+// Column statistics of head-mean attention probabilities A[q, N] (softmax
+// over all N cache entries visible to each query, then the mean over query
+// heads), summed over the query rows: sum[t] = sum_q A[q, t] and
+// sum_sq[t] = sum_q A[q, t]^2, both [N] f64 on the CPU.
+struct AttentionColumnStats {
+  at::Tensor sum;
+  at::Tensor sum_sq;
+};
+
+struct ForwardResult {
+  at::Tensor logits;  // [1, vocab] (kLast), [q, vocab] (kAll) or undefined
+  at::Tensor hidden;  // [q, d] output of the last layer run (before final norm)
+  std::map<int, AttentionColumnStats> attention;  // per capture_attention layer
+  std::vector<at::Tensor> unrotated_keys;  // per layer run, if requested
+};
+
+// Optional extra outputs of one decoder layer.
+struct LayerTrace {
+  AttentionColumnStats* attention = nullptr;  // head-mean column stats
+  at::Tensor* unrotated_keys = nullptr;  // [Hkv, q, hd] K before RoPE
+};
+
+class Model {
+ public:
+  // Loads config.json and model.safetensors (or a sharded index) from `dir`.
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir,
+                                                     const LoadOptions& options = {});
+  // Wraps weights already in memory (tests, training export).
+  Model(ModelConfig config, ModelWeights weights, c10::Device device, c10::ScalarType dtype);
+
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+  c10::Device device() const { return device_; }
+  c10::ScalarType dtype() const { return dtype_; }
+  int n_layers() const { return static_cast<int>(config_.num_hidden_layers); }
+  // Stable identity of this checkpoint (config + tensor names/shapes/dtypes +
+  // a weight sample); set by Load, empty for in-memory models unless set.
+  const std::string& fingerprint() const { return fingerprint_; }
+  void set_fingerprint(std::string f) { fingerprint_ = std::move(f); }
+
+  // Runs `tokens` ([q] int64) at `positions` ([q] int64). If `slots` is
+  // undefined the tokens are appended to `cache`; else `slots` ([q] int64)
+  // names existing cache entries to overwrite (their positions are replaced
+  // by `positions`). Each query attends to cache entries with position <= its
+  // own. Work is O(q * N) attention + O(q) MLP per layer.
+  ForwardResult Forward(const at::Tensor& tokens, const at::Tensor& positions,
+                        const at::Tensor& slots, KvCache* cache,
+                        const ForwardOptions& options = {}) const;
+
+  // The pieces Forward is made of, for callers that act between layers
+  // (CacheBlend selects its tokens after layer 1).
+  at::Tensor Embed(const at::Tensor& tokens) const;  // [q, d]
+  // cos/sin tables [q, hd] for `positions`.
+  std::pair<at::Tensor, at::Tensor> RopeTables(const at::Tensor& positions) const;
+  // One decoder layer for hidden states `h` [q, d] whose K/V go to `slots`.
+  at::Tensor Layer(int layer, const at::Tensor& h, const at::Tensor& positions,
+                   const std::pair<at::Tensor, at::Tensor>& rope, const at::Tensor& slots,
+                   KvCache* cache, const LayerTrace& trace = {}) const;
+  at::Tensor Logits(const at::Tensor& hidden) const;  // final norm + LM head
+
+  // Applies RoPE at `positions` to k ([n_heads, T, hd]); used to place
+  // pre-RoPE stored keys at global positions.
+  at::Tensor Rotate(const at::Tensor& k, const at::Tensor& positions) const;
+  // Same with tables from RopeTables (reuse them across layers).
+  static at::Tensor Rotate(const at::Tensor& k, const std::pair<at::Tensor, at::Tensor>& rope);
+
+  // Softmax attention of q [H, q, hd] over k, v [Hkv, N, hd] where query i
+  // sees key j iff k_pos[j] <= q_pos[i]. With `keys_sorted` (k_pos
+  // non-decreasing) each block of queries reads only the keys up to its last
+  // position: causal prefill then does about half the work of a full mask.
+  // Returns [H, q, hd]; `stats_out` (if non-null) gets the head-mean
+  // probabilities' column statistics, accumulated per block of query rows.
+  static at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& q_pos, const at::Tensor& k_pos,
+                              AttentionColumnStats* stats_out, bool keys_sorted = false);
+
+ private:
+  ModelConfig config_;
+  ModelWeights weights_;
+  c10::Device device_;
+  c10::ScalarType dtype_;
+  at::Tensor inv_freq_;  // [hd/2] f64
+  std::string fingerprint_;
+};
+
+// Query rows processed by Model::Attention since process start, summed over
+// layers: lets tests prove recompute work is proportional to k.
+int64_t AttentionQueryRows();
+
+// Resolves "auto" / "cpu" / "cuda[:N]" against what this libtorch supports.
+absl::StatusOr<c10::Device> ResolveDevice(const std::string& name);
+
+}  // namespace infoflow
+
+#endif  // INFOFLOW_ENGINE_MODEL_MODEL_H_

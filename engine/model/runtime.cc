@@ -1,0 +1,77 @@
+#include "engine/model/runtime.h"
+
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+#include <malloc.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+namespace infoflow {
+
+std::string LoadedBlasLibrary() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    const size_t slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    const std::string path = line.substr(slash);
+    if (path.find("libblas.so") == std::string::npos) continue;
+    std::error_code ec;
+    std::filesystem::path real = std::filesystem::canonical(path, ec);
+    return ec ? path : real.string();
+  }
+  return "";
+}
+
+bool UsingReferenceBlas() {
+  const std::string blas = LoadedBlasLibrary();
+  return !blas.empty() && blas.find("openblas") == std::string::npos &&
+         blas.find("blis") == std::string::npos && blas.find("mkl") == std::string::npos;
+}
+
+bool SetBlasThreads(int threads) {
+  using SetFn = void (*)(int);
+  auto set = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (set == nullptr || threads <= 0) return false;
+  set(threads);
+  return true;
+}
+
+void InitTorchRuntime(int threads) {
+  static std::once_flag once;
+  std::call_once(once, [threads] {
+    // OpenBLAS (pthread build) runs every matmul on its own spinning
+    // threads; torch's OpenMP pool on the same cores then fights it. One
+    // intra-op thread measured 1.75x faster prefill on 2 cores (engine_bench:
+    // 1033 vs 1804 ms for 2048 tokens). So with OpenBLAS, `threads` cores
+    // means: OpenBLAS gets `threads` threads (auto: its default, every core),
+    // torch keeps one. Without OpenBLAS, torch gets them.
+    const bool openblas = LoadedBlasLibrary().find("openblas") != std::string::npos;
+    if (openblas) {
+      if (threads > 0) SetBlasThreads(threads);
+      at::set_num_threads(1);
+    } else {
+      at::set_num_threads(threads > 0 ? threads
+                                      : static_cast<int>(std::thread::hardware_concurrency()));
+    }
+    // Activations of tens of MB are allocated and freed per layer; by default
+    // glibc serves them with fresh mmaps and returns them at once, and the
+    // page faults cost more than the math (measured: several x on prefill).
+    // Keep freed memory in the heap instead.
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    if (UsingReferenceBlas()) {
+      std::fprintf(stderr,
+                   "WARNING: libtorch is using the reference BLAS (%s), ~50x slower than "
+                   "OpenBLAS. Install libopenblas0-pthread (deploy/install-deps.sh) or select it "
+                   "with update-alternatives --config libblas.so.3-x86_64-linux-gnu.\n",
+                   LoadedBlasLibrary().c_str());
+    }
+  });
+}
+
+}  // namespace infoflow

@@ -1,0 +1,165 @@
+#include "engine/model/test_model.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/text/bpe_trainer.h"
+#include "engine/checkpoint/safetensors.h"
+#include "engine/text/tokenizer.h"
+
+namespace infoflow {
+namespace {
+
+const char* const kSpecialTokens[] = {"<s>", "</s>", "<|user|>", "<|assistant|>"};
+
+// A small fixed English corpus for the tokenizer: enough to learn common
+// words, spaces and punctuation; everything else falls back to bytes.
+std::vector<std::string> TokenizerCorpus() {
+  const char* names[] = {"Alice", "Bob", "Carol", "Dave", "Erin", "Frank", "Grace", "Heidi"};
+  const char* places[] = {"Paris", "Berlin", "Tokyo", "Lima", "Oslo", "Cairo", "Quito", "Rome"};
+  const char* things[] = {"the red book", "a small cat", "the old map", "a blue car",
+                          "the secret code", "a silver key", "the garden", "the river"};
+  std::vector<std::string> corpus;
+  for (int i = 0; i < 8; ++i) {
+    for (int j = 0; j < 8; ++j) {
+      corpus.push_back(absl::StrCat(names[i], " lives in ", places[j], ". ", names[(i + j) % 8],
+                                    " found ", things[(i * 3 + j) % 8], " near ", places[(i + 5) % 8],
+                                    ", and the number was ", i * 97 + j * 13, ".\n"));
+      corpus.push_back(absl::StrCat("Question: where does ", names[i], " work? Answer: ",
+                                    places[(i + j) % 8], ". The manager of ", names[j], " is ",
+                                    names[(j + 1) % 8], "; they met in ", 1990 + i * j, "."));
+    }
+  }
+  return corpus;
+}
+
+// Deterministic normal(0, std) values, independent of libtorch's RNG.
+std::vector<float> Normal(std::mt19937_64& rng, int64_t n, double stddev, double mean = 0.0) {
+  std::normal_distribution<double> dist(mean, stddev);
+  std::vector<float> out(n);
+  for (float& x : out) x = static_cast<float>(dist(rng));
+  return out;
+}
+
+}  // namespace
+
+ModelConfig TestModelConfig(const TestModelSpec& spec) {
+  ModelConfig c;
+  c.model_type = spec.model_type;
+  c.vocab_size = spec.vocab_size;
+  c.hidden_size = spec.hidden_size;
+  c.intermediate_size = spec.intermediate_size;
+  c.num_hidden_layers = spec.num_layers;
+  c.num_attention_heads = spec.num_heads;
+  c.num_key_value_heads = spec.num_kv_heads;
+  c.head_dim = spec.hidden_size / spec.num_heads;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = spec.rope_theta;
+  c.max_position_embeddings = spec.max_position_embeddings;
+  c.tie_word_embeddings = spec.tie_word_embeddings;
+  c.attention_bias = spec.model_type == "qwen2";
+  c.qk_norm = spec.model_type == "qwen3";
+  c.bos_token_id = 1;  // WriteTestModel sets the trained tokenizer's <s>, </s> ids
+  c.eos_token_ids = {2};
+  c.torch_dtype = spec.dtype == "bf16" ? "bfloat16" : spec.dtype == "f16" ? "float16" : "float32";
+  if (spec.llama3_rope_scaling) {
+    c.rope_scaling.type = RopeScaling::Type::kLlama3;
+    c.rope_scaling.factor = 8.0;
+    c.rope_scaling.low_freq_factor = 1.0;
+    c.rope_scaling.high_freq_factor = 4.0;
+    c.rope_scaling.original_max_position_embeddings = 256;
+  }
+  return c;
+}
+
+absl::Status WriteTestModel(const std::string& dir, const TestModelSpec& spec) {
+  ModelConfig c = TestModelConfig(spec);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::InternalError("cannot create " + dir + ": " + ec.message());
+
+  // Tokenizer first: its special-token ids must match the config.
+  std::vector<std::string> specials(std::begin(kSpecialTokens), std::end(kSpecialTokens));
+  absl::StatusOr<std::string> tok_json =
+      TrainByteLevelBpeTokenizerJson(TokenizerCorpus(), static_cast<int>(c.vocab_size), specials);
+  if (!tok_json.ok()) return tok_json.status();
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromJsonString(*tok_json);
+  if (!tok.ok()) return tok.status();
+  std::optional<int32_t> bos = (*tok)->TokenToId("<s>"), eos = (*tok)->TokenToId("</s>");
+  if (!bos || !eos) return absl::InternalError("trained tokenizer lacks <s> or </s>");
+  c.bos_token_id = *bos;
+  c.eos_token_ids = {*eos};
+  if ((*tok)->vocab_size() > c.vocab_size) {
+    return absl::InternalError("trained tokenizer is larger than the model vocabulary");
+  }
+
+  // Weights: scaled so activations stay O(1) through the layers and attention
+  // is far from uniform (a degenerate random model hides RoPE/mask bugs).
+  std::mt19937_64 rng(spec.seed * 0x9E3779B97F4A7C15ull + 1);
+  const int64_t d = c.hidden_size, hd = c.head_dim, nh = c.num_attention_heads,
+                nkv = c.num_key_value_heads, ff = c.intermediate_size;
+  std::map<std::string, std::pair<std::vector<int64_t>, std::vector<float>>> tensors;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, double stddev,
+                 double mean = 0.0) {
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    tensors[name] = {shape, Normal(rng, n, stddev, mean)};
+  };
+  const double proj = 1.0 / std::sqrt(static_cast<double>(d));
+  add("model.embed_tokens.weight", {c.vocab_size, d}, 1.0);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    add(p + "input_layernorm.weight", {d}, 0.1, 1.0);
+    add(p + "self_attn.q_proj.weight", {nh * hd, d}, 2.0 * proj);
+    add(p + "self_attn.k_proj.weight", {nkv * hd, d}, 2.0 * proj);
+    add(p + "self_attn.v_proj.weight", {nkv * hd, d}, proj);
+    add(p + "self_attn.o_proj.weight", {d, nh * hd}, proj);
+    if (c.attention_bias) {
+      add(p + "self_attn.q_proj.bias", {nh * hd}, 0.2);
+      add(p + "self_attn.k_proj.bias", {nkv * hd}, 0.2);
+      add(p + "self_attn.v_proj.bias", {nkv * hd}, 0.2);
+    }
+    if (c.qk_norm) {
+      add(p + "self_attn.q_norm.weight", {hd}, 0.1, 1.0);
+      add(p + "self_attn.k_norm.weight", {hd}, 0.1, 1.0);
+    }
+    add(p + "post_attention_layernorm.weight", {d}, 0.1, 1.0);
+    add(p + "mlp.gate_proj.weight", {ff, d}, proj);
+    add(p + "mlp.up_proj.weight", {ff, d}, proj);
+    add(p + "mlp.down_proj.weight", {d, ff}, 1.0 / std::sqrt(static_cast<double>(ff)));
+  }
+  add("model.norm.weight", {d}, 0.1, 1.0);
+  if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, d}, proj);
+
+  DType dtype = spec.dtype == "bf16" ? DType::kBF16 : spec.dtype == "f16" ? DType::kF16 : DType::kF32;
+  std::vector<std::vector<uint16_t>> halves;  // keeps converted data alive
+  std::vector<TensorToWrite> to_write;
+  for (auto& [name, entry] : tensors) {
+    TensorToWrite t{name, dtype, entry.first, entry.second.data()};
+    if (dtype != DType::kF32) {
+      std::vector<uint16_t> h(entry.second.size());
+      for (size_t i = 0; i < h.size(); ++i) {
+        h[i] = dtype == DType::kBF16 ? F32ToBF16(entry.second[i]) : F32ToF16(entry.second[i]);
+      }
+      halves.push_back(std::move(h));
+      t.data = halves.back().data();
+    }
+    to_write.push_back(t);
+  }
+  absl::Status s = WriteSafetensors(dir + "/model.safetensors", to_write, {{"format", "pt"}});
+  if (!s.ok()) return s;
+
+  std::ofstream cfg(dir + "/config.json");
+  cfg << ModelConfigToJson(c);
+  std::ofstream tj(dir + "/tokenizer.json");
+  tj << *tok_json;
+  if (!cfg || !tj) return absl::InternalError("cannot write config/tokenizer in " + dir);
+  return absl::OkStatus();
+}
+
+}  // namespace infoflow

@@ -1,0 +1,40 @@
+// Deterministic tiny models in Hugging Face format, made by project code, for
+// tests, demos and benchmarks (no checkpoint can be downloaded here).
+#ifndef INFOFLOW_ENGINE_MODEL_TEST_MODEL_H_
+#define INFOFLOW_ENGINE_MODEL_TEST_MODEL_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "engine/checkpoint/model_config.h"
+
+namespace infoflow {
+
+struct TestModelSpec {
+  std::string model_type = "llama";  // llama | qwen2 (QKV bias) | qwen3 (q/k norm)
+  int64_t vocab_size = 512;          // >= 256 + special tokens: byte-level BPE
+  int64_t hidden_size = 64;
+  int64_t num_layers = 4;
+  int64_t num_heads = 4;
+  int64_t num_kv_heads = 2;
+  int64_t intermediate_size = 128;
+  int64_t max_position_embeddings = 4096;
+  double rope_theta = 10000.0;
+  bool llama3_rope_scaling = false;  // Llama-3.1 style rope_scaling block
+  bool tie_word_embeddings = false;
+  std::string dtype = "f32";  // stored dtype: f32 | bf16 | f16
+  uint64_t seed = 0;
+};
+
+// The ModelConfig `spec` describes.
+ModelConfig TestModelConfig(const TestModelSpec& spec);
+
+// Writes config.json, model.safetensors (random weights drawn from `seed`)
+// and tokenizer.json (a byte-level BPE trained on a fixed built-in English
+// corpus) into `dir`, creating it. Same spec => byte-identical files.
+absl::Status WriteTestModel(const std::string& dir, const TestModelSpec& spec);
+
+}  // namespace infoflow
+
+#endif  // INFOFLOW_ENGINE_MODEL_TEST_MODEL_H_
