@@ -8,6 +8,7 @@ absl::Status Admission::Acquire(const std::function<bool()>& cancelled) {
   std::unique_lock<std::mutex> lock(mu_);
   if (free_ > 0 && waiting_ == 0) {
     --free_;
+    ++admitted_;
     return absl::OkStatus();
   }
   if (waiting_ >= queue_depth_) {
@@ -23,6 +24,7 @@ absl::Status Admission::Acquire(const std::function<bool()>& cancelled) {
   }
   --waiting_;
   --free_;
+  ++admitted_;
   return absl::OkStatus();
 }
 
@@ -37,6 +39,11 @@ void Admission::Release() {
 int Admission::waiting() const {
   std::lock_guard<std::mutex> lock(mu_);
   return waiting_;
+}
+
+uint64_t Admission::admitted() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return admitted_;
 }
 
 bool Admission::idle() const {

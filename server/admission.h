@@ -5,6 +5,7 @@
 #define INFOFLOW_SERVER_ADMISSION_H_
 
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 
@@ -25,12 +26,15 @@ class Admission {
   int waiting() const;
   // No request holds a slot or waits for one.
   bool idle() const;
+  // Requests admitted since construction (a slot taken).
+  uint64_t admitted() const;
 
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
   int free_;
   int waiting_ = 0;
+  uint64_t admitted_ = 0;
   const int workers_;
   const int queue_depth_;
 };

@@ -8,8 +8,12 @@
 
 namespace infoflow::server {
 
-IdleTrimmer::IdleTrimmer(std::function<bool()> idle, std::chrono::milliseconds period)
-    : idle_(std::move(idle)), period_(period), thread_([this] { Loop(); }) {}
+IdleTrimmer::IdleTrimmer(std::function<bool()> idle, std::function<uint64_t()> activity,
+                         std::chrono::milliseconds period)
+    : idle_(std::move(idle)),
+      activity_(std::move(activity)),
+      period_(period),
+      thread_([this] { Loop(); }) {}
 
 IdleTrimmer::~IdleTrimmer() {
   {
@@ -22,8 +26,15 @@ IdleTrimmer::~IdleTrimmer() {
 
 void IdleTrimmer::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
+  uint64_t seen = activity_();
+  bool trimmed_this_spell = false;
   while (!cv_.wait_for(lock, period_, [this] { return stop_; })) {
-    if (!idle_()) continue;
+    const uint64_t now = activity_();
+    const bool quiet = now == seen && idle_();  // nothing ran for a whole period
+    if (now != seen) trimmed_this_spell = false;
+    seen = now;
+    if (!quiet || trimmed_this_spell) continue;
+    trimmed_this_spell = true;
 #if defined(__GLIBC__)
     malloc_trim(0);
     trims_.fetch_add(1, std::memory_order_relaxed);

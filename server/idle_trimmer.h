@@ -8,8 +8,10 @@
 // ratchets up to the high-water mark of the largest requests seen and stays
 // there (measured: 194 -> 308 MiB over a table of bad requests with two
 // 65 MiB messages, flat from then on; allocator retention, not a leak).
-// malloc_trim(0) returns every free page; it runs only when no request is
-// running or waiting, so it never adds to a request's latency.
+// malloc_trim(0) returns every free page. It runs once per idle spell: when
+// no request has run or waited for a whole period. A server serving
+// back-to-back requests never trims, so their buffers are not faulted in
+// again (page faults are expensive on small VMs; see server/main.cc).
 //
 // Thread-safe. The destructor stops the background thread.
 #ifndef INFOFLOW_SERVER_IDLE_TRIMMER_H_
@@ -18,6 +20,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -26,9 +29,12 @@ namespace infoflow::server {
 
 class IdleTrimmer {
  public:
-  // Every `period`, if `idle()` holds, trims the heap. A no-op thread on
-  // non-glibc builds.
-  IdleTrimmer(std::function<bool()> idle, std::chrono::milliseconds period);
+  // Checks every `period`: trims the heap when `idle()` holds and
+  // `activity()` (a counter of admitted requests) did not move since the
+  // previous check, at most once per value of `activity()`. A no-op thread
+  // on non-glibc builds.
+  IdleTrimmer(std::function<bool()> idle, std::function<uint64_t()> activity,
+              std::chrono::milliseconds period);
   ~IdleTrimmer();
   IdleTrimmer(const IdleTrimmer&) = delete;
   IdleTrimmer& operator=(const IdleTrimmer&) = delete;
@@ -40,6 +46,7 @@ class IdleTrimmer {
   void Loop();
 
   std::function<bool()> idle_;
+  std::function<uint64_t()> activity_;
   const std::chrono::milliseconds period_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -121,7 +121,9 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
                                             limits);
   s->admission = std::make_unique<Admission>(options.workers, options.queue_depth);
   if (options.idle_trim_ms > 0) {
-    s->trimmer = std::make_unique<IdleTrimmer>([a = s->admission.get()] { return a->idle(); },
+    Admission* a = s->admission.get();
+    s->trimmer = std::make_unique<IdleTrimmer>([a] { return a->idle(); },
+                                               [a] { return a->admitted(); },
                                                std::chrono::milliseconds(options.idle_trim_ms));
   }
   const std::string model_name =

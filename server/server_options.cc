@@ -43,8 +43,8 @@ const char kServerUsage[] =
     "                          damaged store files at start: exit (default), or move the\n"
     "                          store aside to <data-dir>.quarantined-<time> and start empty\n"
     "  --reflection true|false serve gRPC reflection (default true)\n"
-    "  --idle-trim-ms N        while idle, return freed memory to the OS every N ms\n"
-    "                          (default 1000; 0 = never)\n"
+    "  --idle-trim-ms N        return freed memory to the OS once the server has been idle\n"
+    "                          for N ms (default 1000; 0 = never)\n"
     "  --config FILE           key=value lines with the flag names above\n";
 
 namespace {

@@ -44,8 +44,8 @@ struct ServerOptions {
   // aside to <data_dir>.quarantined-<time>, start empty, count it).
   std::string on_corrupt_store = "refuse";
   bool reflection = true;  // serve gRPC server reflection
-  // While no request runs or waits, return freed heap memory to the OS this
-  // often (server/idle_trimmer.h); 0 = never.
+  // Return freed heap memory to the OS once no request has run or waited
+  // for this long (server/idle_trimmer.h); 0 = never.
   int idle_trim_ms = 1000;
 };
 

@@ -1,5 +1,7 @@
 #include "engine/chunk/chunk_prefill.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace infoflow {
@@ -16,10 +18,12 @@ absl::StatusOr<ChunkKv> PrefillChunk(const Model& model, const std::vector<int32
           absl::StrCat("token id ", t, " outside the vocabulary [0, ", vocab, ")"));
     }
   }
-  std::vector<int32_t> input;
   const int64_t prefix = PrefixLength(prefix_mode);
-  if (prefix_mode == PrefixMode::kBos) input.push_back(static_cast<int32_t>(model.config().bos_token_id.value_or(1)));
-  input.insert(input.end(), tokens.begin(), tokens.end());
+  std::vector<int32_t> input(prefix + tokens.size());
+  if (prefix_mode == PrefixMode::kBos) {
+    input[0] = static_cast<int32_t>(model.config().bos_token_id.value_or(1));
+  }
+  std::copy(tokens.begin(), tokens.end(), input.begin() + prefix);
 
   KvCache cache(model.n_layers());
   ForwardOptions options;
