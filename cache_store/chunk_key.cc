@@ -35,11 +35,18 @@ size_t KvDtypeSize(KvDtype dtype) {
     case KvDtype::kF16:
     case KvDtype::kBf16:
       return 2;
+    case KvDtype::kInt8:
+    case KvDtype::kInt4:
+      return 0;
   }
   return 0;
 }
 
-bool IsValidKvDtype(uint8_t raw) { return raw >= 1 && raw <= 3; }
+int QuantizedBits(KvDtype dtype) {
+  return dtype == KvDtype::kInt8 ? 8 : dtype == KvDtype::kInt4 ? 4 : 0;
+}
+bool IsQuantizedKvDtype(KvDtype dtype) { return QuantizedBits(dtype) != 0; }
+bool IsValidKvDtype(uint8_t raw) { return raw >= 1 && raw <= 5; }
 bool IsValidPrefixMode(uint8_t raw) { return raw <= 2; }
 
 std::string BytesToHex(std::string_view bytes) {
@@ -121,7 +128,8 @@ std::string Sha256Hex(std::string_view bytes) {
 
 ChunkKey ComputeChunkKey(std::string_view model_fingerprint,
                          PrefixMode prefix_mode, KvDtype dtype,
-                         const std::vector<int32_t>& token_ids) {
+                         const std::vector<int32_t>& token_ids,
+                         uint16_t group_size) {
   Sha256Hasher h;
   char len_le[4];
   AppendU32Le(static_cast<uint32_t>(model_fingerprint.size()), len_le);
@@ -130,6 +138,11 @@ ChunkKey ComputeChunkKey(std::string_view model_fingerprint,
   const char mode_dtype[2] = {static_cast<char>(prefix_mode),
                               static_cast<char>(dtype)};
   h.Update(std::string_view(mode_dtype, 2));
+  if (IsQuantizedKvDtype(dtype)) {
+    const char group_le[2] = {static_cast<char>(group_size & 0xff),
+                              static_cast<char>(group_size >> 8)};
+    h.Update(std::string_view(group_le, 2));
+  }
   // Token ids go through a small staging buffer so the key is the same on
   // big-endian hosts; 1 KiB batches keep the EVP call count low.
   char buf[1024];

@@ -7,7 +7,7 @@
 //
 // Hashed bytes, in order (all integers little-endian):
 //   u32 len(model_fingerprint) ‖ model_fingerprint ‖ u8 prefix_mode ‖
-//   u8 kv_dtype ‖ token ids as u32
+//   u8 kv_dtype ‖ [u16 group_size, quantized dtypes only] ‖ token ids as u32
 // The length prefix is a clarification of DESIGN §2.1's plain "‖": without it
 // a variable-length fingerprint could run into the next field and two
 // different (fingerprint, mode) pairs could hash the same byte string.
@@ -29,16 +29,23 @@
 namespace infoflow::store {
 
 // Element type of stored K/V. The numeric values are persisted in records and
-// hashed into keys: never renumber.
-enum class KvDtype : uint8_t { kF32 = 1, kF16 = 2, kBf16 = 3 };
+// hashed into keys: never renumber. kInt8 / kInt4 are quantized payloads
+// (kv_record.h: keys per channel, values per token, in groups of
+// `group_size` with an f32 scale and minimum each); they decode into
+// whatever compute dtype the reader uses.
+enum class KvDtype : uint8_t { kF32 = 1, kF16 = 2, kBf16 = 3, kInt8 = 4, kInt4 = 5 };
 
 // How a chunk was prefilled before its KV was captured (DESIGN §2.1): alone,
 // after BOS, or after the model's chat header. Persisted and hashed: never
 // renumber; append new modes.
 enum class PrefixMode : uint8_t { kNone = 0, kBos = 1, kChatHeader = 2 };
 
-// Size in bytes of one element of `dtype`; 0 for values outside the enum.
+// Size in bytes of one element of a raw (unquantized) `dtype`; 0 for the
+// quantized dtypes and for values outside the enum.
 size_t KvDtypeSize(KvDtype dtype);
+// Bits per stored value of a quantized dtype (8, 4); 0 otherwise.
+int QuantizedBits(KvDtype dtype);
+bool IsQuantizedKvDtype(KvDtype dtype);
 bool IsValidKvDtype(uint8_t raw);
 bool IsValidPrefixMode(uint8_t raw);
 
@@ -74,10 +81,13 @@ struct ChunkKey {
 };
 
 // Key of the chunk `token_ids` prefilled by the model identified by
-// `model_fingerprint` under `prefix_mode`, stored as `dtype`.
+// `model_fingerprint` under `prefix_mode`, stored as `dtype`. For a
+// quantized dtype the group size is hashed too (u16 after the dtype byte),
+// so two codecs of one chunk are two records; raw keys are unchanged.
 ChunkKey ComputeChunkKey(std::string_view model_fingerprint,
                          PrefixMode prefix_mode, KvDtype dtype,
-                         const std::vector<int32_t>& token_ids);
+                         const std::vector<int32_t>& token_ids,
+                         uint16_t group_size = 0);
 
 // Lowercase hex SHA-256 of `bytes`. The engine builds the model fingerprint
 // from it (DESIGN §2.1); the store treats the fingerprint as opaque.

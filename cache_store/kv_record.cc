@@ -71,20 +71,50 @@ bool AllZero(const char* p, size_t n) {
 
 // Layout without the validity checks that distinguish "bad argument" from
 // "corrupt input"; nullopt-like false on overflow.
+// Sizes of one layer's K and V sections of a quantized record.
+bool QuantizedSectionsFor(const KvRecordHeader& h, KvRecordLayout* l) {
+  const size_t bits = static_cast<size_t>(QuantizedBits(h.dtype));
+  const size_t g = h.group_size;
+  size_t elems, code_bits, k_groups, v_groups, k_params, v_params;
+  if (g == 0 || !MulOk(size_t{h.n_kv_heads}, h.n_tokens, &elems) ||
+      !MulOk(elems, h.head_dim, &elems) || !MulOk(elems, bits, &code_bits) ||
+      !AlignUpOk((code_bits + 7) / 8, 4, &l->codes_bytes) ||
+      // keys: [H, ceil(T/G), D] groups; values: [H, T, ceil(D/G)]
+      !MulOk(size_t{h.n_kv_heads}, (size_t{h.n_tokens} + g - 1) / g, &k_groups) ||
+      !MulOk(k_groups, h.head_dim, &k_groups) ||
+      !MulOk(size_t{h.n_kv_heads}, h.n_tokens, &v_groups) ||
+      !MulOk(v_groups, (size_t{h.head_dim} + g - 1) / g, &v_groups) ||
+      !MulOk(k_groups, 8, &k_params) || !MulOk(v_groups, 8, &v_params) ||
+      !AddOk(l->codes_bytes, k_params, &l->k_bytes) ||
+      !AddOk(l->codes_bytes, v_params, &l->v_bytes)) {
+    return false;
+  }
+  return true;
+}
+
 bool LayoutFor(const KvRecordHeader& h, KvRecordLayout* out) {
   KvRecordLayout l;
-  const size_t esize = KvDtypeSize(h.dtype);
-  size_t fp_end, tok_bytes, tok_end, per_head;
+  size_t fp_end, tok_bytes, tok_end, per_layer;
   if (!AddOk(kRecordFixedHeaderSize, h.model_fingerprint.size(), &fp_end) ||
       !AlignUpOk(fp_end, 4, &l.token_ids_offset) ||
       !MulOk(h.n_tokens, 4, &tok_bytes) ||
       !AddOk(l.token_ids_offset, tok_bytes, &tok_end) ||
-      !AlignUpOk(tok_end, kPayloadAlignment, &l.payload_offset) ||
-      !MulOk(size_t{h.n_tokens}, h.head_dim, &per_head) ||
-      !MulOk(per_head, esize, &per_head) ||
-      !MulOk(per_head, h.n_kv_heads, &l.layer_bytes) ||
-      !MulOk(l.layer_bytes, 2, &l.payload_bytes) ||
-      !MulOk(l.payload_bytes, h.n_layers, &l.payload_bytes) ||
+      !AlignUpOk(tok_end, kPayloadAlignment, &l.payload_offset)) {
+    return false;
+  }
+  if (IsQuantizedKvDtype(h.dtype)) {
+    if (!QuantizedSectionsFor(h, &l)) return false;
+  } else {
+    size_t per_head;
+    if (!MulOk(size_t{h.n_tokens}, h.head_dim, &per_head) ||
+        !MulOk(per_head, KvDtypeSize(h.dtype), &per_head) ||
+        !MulOk(per_head, h.n_kv_heads, &l.layer_bytes)) {
+      return false;
+    }
+    l.k_bytes = l.v_bytes = l.layer_bytes;
+  }
+  if (!AddOk(l.k_bytes, l.v_bytes, &per_layer) ||
+      !MulOk(per_layer, h.n_layers, &l.payload_bytes) ||
       !AddOk(l.payload_offset, l.payload_bytes, &l.total_bytes)) {
     return false;
   }
@@ -93,7 +123,17 @@ bool LayoutFor(const KvRecordHeader& h, KvRecordLayout* out) {
 }
 
 absl::Status CheckHeaderFields(const KvRecordHeader& h) {
-  if (KvDtypeSize(h.dtype) == 0) return absl::InvalidArgumentError("bad dtype");
+  if (!IsValidKvDtype(static_cast<uint8_t>(h.dtype))) {
+    return absl::InvalidArgumentError("bad dtype");
+  }
+  if (IsQuantizedKvDtype(h.dtype)
+          ? (h.group_size == 0 || h.group_size > kMaxGroupSize ||
+             (QuantizedBits(h.dtype) == 4 && h.head_dim % 2 != 0))
+          : h.group_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group size ", h.group_size, " does not fit dtype ", static_cast<int>(h.dtype),
+        " (quantized: 1..", kMaxGroupSize, ", int4 needs an even head_dim; raw: 0)"));
+  }
   if (!IsValidPrefixMode(static_cast<uint8_t>(h.prefix_mode))) {
     return absl::InvalidArgumentError("bad prefix mode");
   }
@@ -127,7 +167,7 @@ absl::StatusOr<KvRecordLayout> ComputeRecordLayout(
 
 ChunkKey KvRecord::Key() const {
   return ComputeChunkKey(header.model_fingerprint, header.prefix_mode,
-                         header.dtype, token_ids);
+                         header.dtype, token_ids, header.group_size);
 }
 
 absl::StatusOr<KvRecordBuilder> KvRecordBuilder::Create(
@@ -155,6 +195,7 @@ absl::StatusOr<KvRecordBuilder> KvRecordBuilder::Create(
   PutU32(p + 16, header.head_dim);
   PutU32(p + 20, header.n_tokens);
   PutU16(p + 24, static_cast<uint16_t>(header.model_fingerprint.size()));
+  PutU16(p + 26, header.group_size);
   std::memcpy(p + kRecordFixedHeaderSize, header.model_fingerprint.data(),
               header.model_fingerprint.size());
   char* tok = p + layout->token_ids_offset;
@@ -179,14 +220,14 @@ absl::StatusOr<std::string> EncodeRecord(const KvRecordHeader& header,
         "header says ", header.n_layers, " layers, got ", layers.size()));
   }
   for (uint32_t l = 0; l < header.n_layers; ++l) {
-    if (layers[l].k.size() != b->layer_bytes() ||
-        layers[l].v.size() != b->layer_bytes()) {
+    if (layers[l].k.size() != b->layout().k_bytes ||
+        layers[l].v.size() != b->layout().v_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "layer ", l, ": K/V must be ", b->layer_bytes(), " bytes, got ",
-          layers[l].k.size(), "/", layers[l].v.size()));
+          "layer ", l, ": K/V must be ", b->layout().k_bytes, "/", b->layout().v_bytes,
+          " bytes, got ", layers[l].k.size(), "/", layers[l].v.size()));
     }
-    std::memcpy(b->MutableK(l), layers[l].k.data(), b->layer_bytes());
-    std::memcpy(b->MutableV(l), layers[l].v.data(), b->layer_bytes());
+    std::memcpy(b->MutableK(l), layers[l].k.data(), b->layout().k_bytes);
+    std::memcpy(b->MutableV(l), layers[l].v.data(), b->layout().v_bytes);
   }
   return std::move(*b).Finish();
 }
@@ -239,12 +280,21 @@ absl::StatusOr<KvRecord> DecodeRecord(std::string_view bytes,
   h.head_dim = GetU32(p + 16);
   h.n_tokens = GetU32(p + 20);
   const uint16_t fp_len = GetU16(p + 24);
-  if (GetU16(p + 26) != 0 || GetU32(p + 28) != 0) {
+  h.group_size = GetU16(p + 26);
+  if (GetU32(p + 28) != 0) {
     return absl::DataLossError("reserved header fields are not zero");
+  }
+  if (IsQuantizedKvDtype(h.dtype) ? (h.group_size == 0 || h.group_size > kMaxGroupSize)
+                                  : h.group_size != 0) {
+    return absl::DataLossError(absl::StrCat("group size ", h.group_size, " does not fit dtype ",
+                                            static_cast<int>(raw_dtype)));
   }
   if (h.n_layers == 0 || h.n_kv_heads == 0 || h.head_dim == 0 ||
       h.n_tokens == 0 || fp_len == 0 || fp_len > kMaxFingerprintBytes) {
     return absl::DataLossError("record header has an empty or oversized field");
+  }
+  if (QuantizedBits(h.dtype) == 4 && h.head_dim % 2 != 0) {
+    return absl::DataLossError("int4 record with an odd head_dim");
   }
   if (fp_len > bytes.size() - kRecordFixedHeaderSize) {
     return absl::DataLossError("record truncated inside the fingerprint");
@@ -276,6 +326,9 @@ absl::StatusOr<KvRecord> DecodeRecord(std::string_view bytes,
     rec.token_ids[i] = static_cast<int32_t>(GetU32(tok + size_t{4} * i));
   }
   rec.layer_bytes = layout.layer_bytes;
+  rec.k_bytes = layout.k_bytes;
+  rec.v_bytes = layout.v_bytes;
+  rec.codes_bytes = layout.codes_bytes;
   rec.payload = bytes.substr(layout.payload_offset, layout.payload_bytes);
   return rec;
 }

@@ -10,7 +10,8 @@
 //   16  u32     head_dim
 //   20  u32     n_tokens
 //   24  u16     model fingerprint length F (1..kMaxFingerprintBytes)
-//   26  u16     reserved, 0
+//   26  u16     group size G: 0 for raw dtypes, 1..kMaxGroupSize for
+//               quantized ones (kInt8, kInt4)
 //   28  u32     reserved, 0
 //   32  u64     checksum: xxh64 (seed 0) of bytes [0, 32) followed by
 //               bytes [40, end) -- every byte except the checksum itself
@@ -18,8 +19,18 @@
 //       zero padding to a multiple of 4
 //       n_tokens x u32 token ids
 //       zero padding to a multiple of kPayloadAlignment
-//       payload: for each layer l: K[l] then V[l], each
-//                [n_kv_heads, n_tokens, head_dim] elements of dtype, raw
+//       payload: for each layer l: K[l] then V[l].
+//         raw dtypes: each [n_kv_heads, n_tokens, head_dim] elements, raw.
+//         quantized (b = 8 or 4 bits, H heads, T tokens, D head_dim):
+//           K[l]: codes [H, T, D] (b bits each; 4-bit codes two per byte,
+//                 element d in the low nibble when d is even), zero padding
+//                 to a multiple of 4, then f32 (scale, min) pairs for the
+//                 groups [H, ceil(T / G), D]: keys are quantized per
+//                 channel, G consecutive tokens of one (head, dim) a group;
+//           V[l]: codes [H, T, D] as for K, padding, then f32 (scale, min)
+//                 for the groups [H, ceil(D / G), T]: values are quantized
+//                 per token, G consecutive dims of one (head, token) a group.
+//         A value decodes as code * scale + min (asymmetric, KIVI-style).
 //
 // Why the checksum covers the header too and not just the payload: a flipped
 // bit in e.g. the fingerprint or prefix mode would otherwise decode cleanly
@@ -55,6 +66,7 @@ inline constexpr uint16_t kRecordFormatVersion = 1;
 inline constexpr size_t kRecordFixedHeaderSize = 40;
 inline constexpr size_t kMaxFingerprintBytes = 256;
 inline constexpr size_t kPayloadAlignment = 64;
+inline constexpr uint16_t kMaxGroupSize = 4096;
 
 // Everything about a record except its token ids and K/V bytes.
 struct KvRecordHeader {
@@ -64,6 +76,7 @@ struct KvRecordHeader {
   uint32_t n_kv_heads = 0;
   uint32_t head_dim = 0;
   uint32_t n_tokens = 0;
+  uint16_t group_size = 0;  // quantized dtypes only (see the layout above)
   // Opaque to the store (the engine uses Sha256Hex of the model; see
   // chunk_key.h). 1..kMaxFingerprintBytes bytes.
   std::string model_fingerprint;
@@ -74,7 +87,10 @@ struct KvRecordHeader {
 struct KvRecordLayout {
   size_t token_ids_offset = 0;
   size_t payload_offset = 0;
-  size_t layer_bytes = 0;  // bytes of K (== bytes of V) of one layer
+  size_t layer_bytes = 0;  // raw dtypes: bytes of K (== bytes of V) of one layer; else 0
+  size_t k_bytes = 0;      // bytes of K[l] (codes + padding + scales for quantized)
+  size_t v_bytes = 0;      // bytes of V[l]
+  size_t codes_bytes = 0;  // quantized: bytes of the codes of K[l] (== of V[l]), padded
   size_t payload_bytes = 0;
   size_t total_bytes = 0;
 };
@@ -93,15 +109,17 @@ struct KvRecord {
   KvRecordHeader header;
   std::vector<int32_t> token_ids;
   std::string_view payload;  // n_layers x (K, V), see layout above
-  size_t layer_bytes = 0;    // bytes of K (== V) of one layer
+  size_t layer_bytes = 0;    // raw dtypes: bytes of K (== V) of one layer; else 0
+  size_t k_bytes = 0;        // bytes of K[l] / V[l] (any dtype)
+  size_t v_bytes = 0;
+  size_t codes_bytes = 0;    // quantized: bytes of the codes of K[l] (== V[l])
   uint64_t checksum = 0;
 
-  // K or V of `layer` as [n_kv_heads, n_tokens, head_dim] elements of
-  // header.dtype; `layer` must be < header.n_layers.
-  const char* K(uint32_t layer) const {
-    return payload.data() + size_t{2} * layer * layer_bytes;
-  }
-  const char* V(uint32_t layer) const { return K(layer) + layer_bytes; }
+  // K or V section of `layer` (raw: [n_kv_heads, n_tokens, head_dim]
+  // elements of header.dtype; quantized: see the layout above); `layer`
+  // must be < header.n_layers.
+  const char* K(uint32_t layer) const { return payload.data() + layer * (k_bytes + v_bytes); }
+  const char* V(uint32_t layer) const { return K(layer) + k_bytes; }
 
   // The content key of this record (ComputeChunkKey over its header and ids).
   ChunkKey Key() const;
@@ -123,15 +141,14 @@ class KvRecordBuilder {
   KvRecordBuilder& operator=(KvRecordBuilder&&) = default;
 
   size_t layer_bytes() const { return layout_.layer_bytes; }
+  const KvRecordLayout& layout() const { return layout_; }
   uint32_t n_layers() const { return n_layers_; }
-  // Writable K / V region of `layer` (layer_bytes() each); zero-filled.
+  // Writable K / V section of `layer` (layout().k_bytes / v_bytes);
+  // zero-filled.
   char* MutableK(uint32_t layer) {
-    return buf_.data() + layout_.payload_offset +
-           size_t{2} * layer * layout_.layer_bytes;
+    return buf_.data() + layout_.payload_offset + layer * (layout_.k_bytes + layout_.v_bytes);
   }
-  char* MutableV(uint32_t layer) {
-    return MutableK(layer) + layout_.layer_bytes;
-  }
+  char* MutableV(uint32_t layer) { return MutableK(layer) + layout_.k_bytes; }
   // The whole payload region (n_layers x (K, V)), for callers that already
   // hold it contiguously.
   char* MutablePayload() { return buf_.data() + layout_.payload_offset; }

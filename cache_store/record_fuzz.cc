@@ -23,10 +23,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // Touch every K/V byte the record claims, so ASan sees any overrun.
     volatile char sink = 0;
     for (uint32_t l = 0; l < rec->header.n_layers; ++l) {
-      if (rec->layer_bytes > 0) {
-        sink ^= rec->K(l)[rec->layer_bytes - 1];
-        sink ^= rec->V(l)[rec->layer_bytes - 1];
-      }
+      if (rec->k_bytes > 0) sink ^= rec->K(l)[rec->k_bytes - 1];
+      if (rec->v_bytes > 0) sink ^= rec->V(l)[rec->v_bytes - 1];
     }
     (void)sink;
     if (verify) {

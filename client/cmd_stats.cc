@@ -1,4 +1,5 @@
 // infoflow stats: model info and store statistics of a running server.
+#include <algorithm>
 #include <cstdio>
 
 #include "client/cli_common.h"
@@ -33,6 +34,10 @@ int RunStats(int argc, char** argv) {
               info->model_type().c_str(), info->n_layers(), info->dtype().c_str(),
               info->device().c_str());
   std::printf("fingerprint  %s\n", info->fingerprint().c_str());
+  std::printf("kv codec     %s: %.0f bytes/token stored (%.0f in %s, %.2fx smaller)\n",
+              info->kv_codec().c_str(), info->kv_bytes_per_token(),
+              info->raw_kv_bytes_per_token(), info->dtype().c_str(),
+              info->raw_kv_bytes_per_token() / std::max(info->kv_bytes_per_token(), 1e-9));
   std::printf("records      %llu (%llu bytes; disk %llu bytes)\n",
               static_cast<unsigned long long>(stats->records()),
               static_cast<unsigned long long>(stats->bytes()),

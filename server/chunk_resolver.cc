@@ -42,8 +42,13 @@ bool IsValidUtf8(std::string_view s) {
 }
 
 ChunkResolver::ChunkResolver(const Model* model, const Tokenizer* tokenizer,
-                             store::ChunkStore* store, int64_t max_chunk_tokens)
-    : model_(model), tokenizer_(tokenizer), store_(store), max_chunk_tokens_(max_chunk_tokens) {}
+                             store::ChunkStore* store, int64_t max_chunk_tokens,
+                             const KvCodec& codec)
+    : model_(model),
+      tokenizer_(tokenizer),
+      store_(store),
+      max_chunk_tokens_(max_chunk_tokens),
+      codec_(codec) {}
 
 std::vector<int32_t> ChunkResolver::Tokenize(std::string_view text) const {
   return tokenizer_->Encode(text);
@@ -77,7 +82,7 @@ absl::StatusOr<IngestOutcome> ChunkResolver::Ingest(std::string_view text, Prefi
                                                     const std::string& field) const {
   absl::StatusOr<std::vector<int32_t>> ids = ChunkTokens(text, field);
   if (!ids.ok()) return ids.status();
-  const store::ChunkKey key = ChunkKeyFor(*model_, *ids, mode);
+  const store::ChunkKey key = ChunkKeyFor(*model_, *ids, mode, codec_);
   IngestOutcome out;
   out.key_hex = key.Hex();
   out.n_tokens = static_cast<int64_t>(ids->size());
@@ -89,7 +94,7 @@ absl::StatusOr<IngestOutcome> ChunkResolver::Ingest(std::string_view text, Prefi
   }
   absl::StatusOr<ChunkKv> kv = PrefillChunk(*model_, *ids, mode);
   if (!kv.ok()) return kv.status();
-  absl::StatusOr<std::string> record = EncodeChunkRecord(*model_, *kv, mode);
+  absl::StatusOr<std::string> record = EncodeChunkRecord(*model_, *kv, mode, codec_);
   if (!record.ok()) return record.status();
   absl::StatusOr<store::PutResult> put = store_->Put(key, *std::move(record));
   if (!put.ok()) return put.status();
@@ -160,13 +165,13 @@ absl::StatusOr<ResolvedChunks> ChunkResolver::Resolve(const std::vector<ChunkRef
     if (refs[i].by_key) continue;
     const std::string field = absl::StrCat("chunks[", i, "].text");
     const std::vector<int32_t>& ids = text_ids[i];
-    const store::ChunkKey key = ChunkKeyFor(*model_, ids, mode);
+    const store::ChunkKey key = ChunkKeyFor(*model_, ids, mode, codec_);
     out.keys_hex[i] = key.Hex();
     absl::StatusOr<store::GetResult> res =
         store_->GetOrCompute(key, [&]() -> absl::StatusOr<std::string> {
           absl::StatusOr<ChunkKv> kv = PrefillChunk(*model_, ids, mode);
           if (!kv.ok()) return kv.status();
-          return EncodeChunkRecord(*model_, *kv, mode);
+          return EncodeChunkRecord(*model_, *kv, mode, codec_);
         });
     if (!res.ok()) return res.status();
     absl::StatusOr<std::shared_ptr<const ChunkKv>> kv =

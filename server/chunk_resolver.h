@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/chunk/chunk_codec.h"
 
 namespace infoflow {
 class Model;
@@ -62,9 +63,10 @@ struct ResolvedChunks {
 class ChunkResolver {
  public:
   // All pointers must outlive the resolver. Chunks longer than
-  // `max_chunk_tokens` tokens are refused.
+  // `max_chunk_tokens` tokens are refused. New records are written with
+  // `codec` (and looked up under its keys).
   ChunkResolver(const Model* model, const Tokenizer* tokenizer, store::ChunkStore* store,
-                int64_t max_chunk_tokens);
+                int64_t max_chunk_tokens, const KvCodec& codec = {});
 
   // Ingests one chunk text: InvalidArgument (naming `field`) when it is
   // empty, not UTF-8, or too long; otherwise stores its KV unless an intact
@@ -101,6 +103,7 @@ class ChunkResolver {
   const Tokenizer* tokenizer_;
   store::ChunkStore* store_;
   int64_t max_chunk_tokens_;
+  KvCodec codec_;
 };
 
 }  // namespace infoflow::server

@@ -248,4 +248,13 @@ void Metrics::ObserveQuery(const std::string& method, double ttft_seconds,
 void Metrics::AddIngestTokens(int64_t n) { impl_->ingest_tokens->Increment(static_cast<double>(n)); }
 void Metrics::AddInflightStreams(int delta) { impl_->inflight->Increment(delta); }
 
+void Metrics::SetKvBytesPerToken(const std::string& codec, double bytes) {
+  prometheus::BuildGauge()
+      .Name("infoflow_kv_bytes_per_token")
+      .Help("Bytes per token of a stored chunk's K/V under the server's --kv-codec.")
+      .Register(*impl_->registry)
+      .Add({{"codec", codec}})
+      .Set(bytes);
+}
+
 }  // namespace infoflow::server

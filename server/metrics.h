@@ -49,6 +49,8 @@ class Metrics {
                     int64_t generated_tokens);
   void AddIngestTokens(int64_t n);
   void AddInflightStreams(int delta);
+  // Bytes per token of stored chunk K/V under the server's --kv-codec.
+  void SetKvBytesPerToken(const std::string& codec, double bytes);
 
  private:
   struct Impl;

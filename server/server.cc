@@ -14,6 +14,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "cache_store/chunk_store.h"
+#include "engine/chunk/chunk_codec.h"
 #include "engine/model/model.h"
 #include "engine/model/runtime.h"
 #include "engine/model/test_model.h"
@@ -110,8 +111,10 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
                  s->store->quarantine_reason().c_str());
   }
 
+  absl::StatusOr<KvCodec> codec = ParseKvCodec(options.kv_codec, options.kv_group_size);
+  if (!codec.ok()) return codec.status();
   s->resolver = std::make_unique<ChunkResolver>(s->model.get(), s->tokenizer.get(), s->store.get(),
-                                                options.max_chunk_tokens);
+                                                options.max_chunk_tokens, *codec);
   QueryLimits limits;
   limits.max_context_tokens = options.max_context_tokens;
   limits.max_prompt_tokens = options.max_prompt_tokens;
@@ -134,6 +137,7 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
                        [a = s->admission.get()] { return a->waiting(); }, model_name);
     if (!m.ok()) return m.status();
     s->metrics = *std::move(m);
+    s->metrics->SetKvBytesPerToken(KvCodecName(codec->kind), KvBytesPerToken(*s->model, *codec));
   }
 
   ServiceDeps& d = s->deps;
@@ -145,6 +149,7 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
   d.metrics = s->metrics.get();
   d.admission = s->admission.get();
   d.options = &s->options;
+  d.kv_codec = *codec;
   if (!options.auth_token_file.empty()) {
     absl::StatusOr<std::string> token = ReadFile(options.auth_token_file, "--auth-token-file");
     if (!token.ok()) return token.status();

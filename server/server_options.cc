@@ -43,6 +43,9 @@ const char kServerUsage[] =
     "                          damaged store files at start: exit (default), or move the\n"
     "                          store aside to <data-dir>.quarantined-<time> and start empty\n"
     "  --reflection true|false serve gRPC reflection (default true)\n"
+    "  --kv-codec raw|int8|int4 stored chunk K/V: the compute dtype (default, exact) or\n"
+    "                          quantized in groups (keys per channel, values per token)\n"
+    "  --kv-group-size N       elements per quantization group (default 64)\n"
     "  --idle-trim-ms N        return freed memory to the OS once the server has been idle\n"
     "                          for N ms (default 1000; 0 = never)\n"
     "  --config FILE           key=value lines with the flag names above\n";
@@ -86,6 +89,13 @@ absl::Status Apply(ServerOptions* o, const std::string& name, const std::string&
   else if (name == "auth-token-file") o->auth_token_file = value;
   else if (name == "tls-cert") o->tls_cert = value;
   else if (name == "tls-key") o->tls_key = value;
+  else if (name == "kv-codec") {
+    if (value != "raw" && value != "int8" && value != "int4") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--kv-codec: expected raw, int8 or int4, got '", value, "'"));
+    }
+    o->kv_codec = value;
+  } else if (name == "kv-group-size") return num(&o->kv_group_size, 1);
   else if (name == "idle-trim-ms") return num(&o->idle_trim_ms, 0);
   else if (name == "min-free-disk-bytes") return num(&o->min_free_disk_bytes, 0);
   else if (name == "max-prompt-tokens") return num(&o->max_prompt_tokens, 1);

@@ -44,6 +44,10 @@ struct ServerOptions {
   // aside to <data_dir>.quarantined-<time>, start empty, count it).
   std::string on_corrupt_store = "refuse";
   bool reflection = true;  // serve gRPC server reflection
+  // How chunk K/V is stored: "raw" (the compute dtype, bit-exact), "int8" or
+  // "int4" (group-wise quantized, engine/chunk/kv_quant.h).
+  std::string kv_codec = "raw";
+  int kv_group_size = 64;
   // Return freed heap memory to the OS once no request has run or waited
   // for this long (server/idle_trimmer.h); 0 = never.
   int idle_trim_ms = 1000;

@@ -392,6 +392,9 @@ grpc::Status AdminService::ModelInfo(grpc::ServerContext* ctx, const v1::ModelIn
   resp->set_device(m.device().str());
   resp->set_dtype(std::string(c10::toString(m.dtype())));
   for (int l : DefaultScoringLayers(m)) resp->add_default_scoring_layers(l);
+  resp->set_kv_codec(KvCodecName(d_->kv_codec.kind));
+  resp->set_kv_bytes_per_token(KvBytesPerToken(m, d_->kv_codec));
+  resp->set_raw_kv_bytes_per_token(KvBytesPerToken(m, KvCodec{}));
   return grpc::Status::OK;
 }
 

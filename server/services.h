@@ -27,6 +27,7 @@ struct ServiceDeps {
   Admission* admission = nullptr;
   const ServerOptions* options = nullptr;
   std::string auth_token;  // empty = no auth
+  KvCodec kv_codec;        // how new chunk records are stored
 };
 
 // OK when no token is configured or the call carries

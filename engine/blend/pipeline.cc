@@ -107,11 +107,14 @@ absl::StatusOr<BlendedContext> BuildContext(const Model& model, const QueryInput
 
   const int64_t k = BudgetFor(options.ratio, n_ctx);
   // The first chunk's cached KV is already exact when it was prefilled after
-  // exactly this prefix: recomputing it would be wasted budget.
+  // exactly this prefix and stored losslessly: recomputing it would be wasted
+  // budget.
   const int32_t bos = static_cast<int32_t>(model.config().bos_token_id.value_or(1));
   const bool first_exact =
-      (input.chunk_prefix_mode == PrefixMode::kNone && input.prefix_ids.empty()) ||
-      (input.chunk_prefix_mode == PrefixMode::kBos && input.prefix_ids == std::vector<int32_t>{bos});
+      !input.chunks[plan.chunk_order[0]]->lossy &&
+      ((input.chunk_prefix_mode == PrefixMode::kNone && input.prefix_ids.empty()) ||
+       (input.chunk_prefix_mode == PrefixMode::kBos &&
+        input.prefix_ids == std::vector<int32_t>{bos}));
   const std::vector<bool> eligible =
       first_exact ? ExcludeFirstChunk(n_ctx, lengths[plan.chunk_order[0]]) : std::vector<bool>{};
 

@@ -3,8 +3,10 @@
 #include <ATen/ATen.h>
 
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/chunk/kv_quant.h"
 
 namespace infoflow {
 namespace {
@@ -18,7 +20,62 @@ Geometry GeometryOf(const Model& model) {
   return {c.num_hidden_layers, c.num_key_value_heads, c.head_dim};
 }
 
+// The record dtype and group size for `codec` on `model`.
+absl::StatusOr<std::pair<store::KvDtype, uint16_t>> RecordFormat(const Model& model,
+                                                                 const KvCodec& codec) {
+  switch (codec.kind) {
+    case KvCodec::Kind::kRaw: {
+      absl::StatusOr<store::KvDtype> dtype = StoreDtypeFor(model);
+      if (!dtype.ok()) return dtype.status();
+      return std::make_pair(*dtype, uint16_t{0});
+    }
+    case KvCodec::Kind::kInt8:
+      return std::make_pair(store::KvDtype::kInt8, static_cast<uint16_t>(codec.group_size));
+    case KvCodec::Kind::kInt4:
+      return std::make_pair(store::KvDtype::kInt4, static_cast<uint16_t>(codec.group_size));
+  }
+  return absl::InvalidArgumentError("unknown KV codec");
+}
+
+QuantSpec SpecFor(const store::KvRecordHeader& h, QuantAxis axis) {
+  return {store::QuantizedBits(h.dtype), h.group_size, axis};
+}
+
 }  // namespace
+
+const char* KvCodecName(KvCodec::Kind kind) {
+  switch (kind) {
+    case KvCodec::Kind::kRaw: return "raw";
+    case KvCodec::Kind::kInt8: return "int8";
+    case KvCodec::Kind::kInt4: return "int4";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<KvCodec> ParseKvCodec(const std::string& name, int group_size) {
+  KvCodec codec;
+  codec.group_size = group_size;
+  if (name == "raw") codec.kind = KvCodec::Kind::kRaw;
+  else if (name == "int8") codec.kind = KvCodec::Kind::kInt8;
+  else if (name == "int4") codec.kind = KvCodec::Kind::kInt4;
+  else return absl::InvalidArgumentError("--kv-codec: expected raw, int8 or int4, got '" + name + "'");
+  if (group_size < 1 || group_size > store::kMaxGroupSize) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv-group-size: expected 1..",
+                                                   store::kMaxGroupSize, ", got ", group_size));
+  }
+  return codec;
+}
+
+double KvBytesPerToken(const Model& model, const KvCodec& codec) {
+  const Geometry g = GeometryOf(model);
+  const double elems = 2.0 * g.n_layers * g.n_kv_heads * g.head_dim;  // K and V per token
+  if (codec.kind == KvCodec::Kind::kRaw) {
+    return elems * static_cast<double>(c10::elementSize(model.dtype()));
+  }
+  const double bits = codec.kind == KvCodec::Kind::kInt8 ? 8 : 4;
+  // One (scale, min) f32 pair per group of `group_size` elements.
+  return elems * (bits / 8.0 + 8.0 / codec.group_size);
+}
 
 store::PrefixMode ToStorePrefixMode(PrefixMode mode) {
   return mode == PrefixMode::kBos ? store::PrefixMode::kBos : store::PrefixMode::kNone;
@@ -38,19 +95,21 @@ absl::StatusOr<store::KvDtype> StoreDtypeFor(const Model& model) {
   }
 }
 
-store::ChunkKey ChunkKeyFor(const Model& model, const std::vector<int32_t>& ids, PrefixMode mode) {
-  absl::StatusOr<store::KvDtype> dtype = StoreDtypeFor(model);
+store::ChunkKey ChunkKeyFor(const Model& model, const std::vector<int32_t>& ids, PrefixMode mode,
+                            const KvCodec& codec) {
+  absl::StatusOr<std::pair<store::KvDtype, uint16_t>> format = RecordFormat(model, codec);
   return store::ComputeChunkKey(model.fingerprint(), ToStorePrefixMode(mode),
-                                dtype.ok() ? *dtype : store::KvDtype::kF32, ids);
+                                format.ok() ? format->first : store::KvDtype::kF32, ids,
+                                format.ok() ? format->second : 0);
 }
 
 absl::StatusOr<std::string> EncodeChunkRecord(const Model& model, const ChunkKv& kv,
-                                              PrefixMode mode) {
+                                              PrefixMode mode, const KvCodec& codec) {
   if (model.fingerprint().empty()) {
     return absl::FailedPreconditionError("model has no fingerprint; cannot key its KV");
   }
-  absl::StatusOr<store::KvDtype> dtype = StoreDtypeFor(model);
-  if (!dtype.ok()) return dtype.status();
+  absl::StatusOr<std::pair<store::KvDtype, uint16_t>> format = RecordFormat(model, codec);
+  if (!format.ok()) return format.status();
   const Geometry g = GeometryOf(model);
   const int64_t n = kv.size();
   if (n == 0) return absl::InvalidArgumentError("chunk has no tokens");
@@ -60,7 +119,8 @@ absl::StatusOr<std::string> EncodeChunkRecord(const Model& model, const ChunkKv&
         absl::StrCat("chunk KV has ", kv.k.size(), " layers, model ", g.n_layers));
   }
   store::KvRecordHeader header;
-  header.dtype = *dtype;
+  header.dtype = format->first;
+  header.group_size = format->second;
   header.prefix_mode = ToStorePrefixMode(mode);
   header.n_layers = static_cast<uint32_t>(g.n_layers);
   header.n_kv_heads = static_cast<uint32_t>(g.n_kv_heads);
@@ -78,12 +138,17 @@ absl::StatusOr<std::string> EncodeChunkRecord(const Model& model, const ChunkKv&
         return absl::InvalidArgumentError(absl::StrCat("chunk ", which == 0 ? "K" : "V",
                                                        " of layer ", l, " has the wrong shape"));
       }
+      char* dst = which == 0 ? builder->MutableK(l) : builder->MutableV(l);
+      if (store::IsQuantizedKvDtype(header.dtype)) {
+        QuantizeSection(t, SpecFor(header, which == 0 ? QuantAxis::kTokens : QuantAxis::kDims),
+                        builder->layout().codes_bytes, dst);
+        continue;
+      }
       at::Tensor host = t.to(at::kCPU, model.dtype()).contiguous();
       const size_t bytes = host.numel() * host.element_size();
       if (bytes != builder->layer_bytes()) {
         return absl::InternalError("record layer size does not match tensor size");
       }
-      char* dst = which == 0 ? builder->MutableK(l) : builder->MutableV(l);
       std::memcpy(dst, host.data_ptr(), bytes);
     }
   }
@@ -102,8 +167,9 @@ absl::StatusOr<std::shared_ptr<const ChunkKv>> DecodeChunkRecord(const Model& mo
         absl::StrCat("chunk was stored by model ", h.model_fingerprint.substr(0, 16),
                      "…, served model is ", model.fingerprint().substr(0, 16), "…"));
   }
+  const bool quantized = store::IsQuantizedKvDtype(h.dtype);
   if (h.n_layers != g.n_layers || h.n_kv_heads != g.n_kv_heads || h.head_dim != g.head_dim ||
-      h.dtype != *dtype) {
+      (!quantized && h.dtype != *dtype)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "chunk geometry (layers ", h.n_layers, ", kv heads ", h.n_kv_heads, ", head dim ",
         h.head_dim, ") or dtype does not fit the served model"));
@@ -117,14 +183,23 @@ absl::StatusOr<std::shared_ptr<const ChunkKv>> DecodeChunkRecord(const Model& mo
   }
   auto kv = std::make_shared<ChunkKv>();
   kv->token_ids = record.token_ids;
+  kv->lossy = quantized;
   const int64_t n = h.n_tokens;
   const auto opts = at::TensorOptions().dtype(model.dtype()).device(at::kCPU);
   kv->k.reserve(g.n_layers);
   kv->v.reserve(g.n_layers);
   for (uint32_t l = 0; l < h.n_layers; ++l) {
     for (int which = 0; which < 2; ++which) {
-      at::Tensor t = at::empty({g.n_kv_heads, n, g.head_dim}, opts);
-      std::memcpy(t.data_ptr(), which == 0 ? record.K(l) : record.V(l), record.layer_bytes);
+      const char* src = which == 0 ? record.K(l) : record.V(l);
+      at::Tensor t;
+      if (quantized) {
+        t = DequantizeSection(src, g.n_kv_heads, n, g.head_dim,
+                              SpecFor(h, which == 0 ? QuantAxis::kTokens : QuantAxis::kDims),
+                              record.codes_bytes, model.dtype());
+      } else {
+        t = at::empty({g.n_kv_heads, n, g.head_dim}, opts);
+        std::memcpy(t.data_ptr(), src, record.layer_bytes);
+      }
       if (model.device() != at::kCPU) t = t.to(model.device());
       (which == 0 ? kv->k : kv->v).push_back(std::move(t));
     }

@@ -1,9 +1,11 @@
 // The one place that converts between the engine's ChunkKv tensors and the
 // store's KV records (cache_store/kv_record.h), and that names a chunk's key.
 //
-// Records hold K (pre-RoPE) and V per layer in the model's compute dtype, so
-// a round trip is bit-exact. Pure functions over the codec: no RocksDB here.
-// All functions are thread-safe.
+// Records hold K (pre-RoPE) and V per layer in the model's compute dtype
+// (KvCodec kRaw: a round trip is bit-exact), or quantized to int8 / int4 in
+// groups (kv_quant.h: a round trip is within half a quantization step per
+// element; docs/DESIGN.md §5). Pure functions over the codec: no RocksDB
+// here. All functions are thread-safe.
 #ifndef INFOFLOW_ENGINE_CHUNK_CHUNK_CODEC_H_
 #define INFOFLOW_ENGINE_CHUNK_CHUNK_CODEC_H_
 
@@ -21,6 +23,21 @@
 
 namespace infoflow {
 
+// How a server stores chunk K/V (--kv-codec, --kv-group-size).
+struct KvCodec {
+  enum class Kind { kRaw, kInt8, kInt4 };
+  Kind kind = Kind::kRaw;
+  int group_size = 64;  // quantized kinds: elements per (scale, min) group
+};
+const char* KvCodecName(KvCodec::Kind kind);  // "raw", "int8", "int4"
+// "raw" | "int8" | "int4" and a group size in 1..store::kMaxGroupSize;
+// InvalidArgument naming the flag otherwise.
+absl::StatusOr<KvCodec> ParseKvCodec(const std::string& name, int group_size);
+
+// Bytes per token of a record's K/V under `codec` for `model` (payload only:
+// 2 x layers x kv heads x head dim x bytes per element, plus group scales).
+double KvBytesPerToken(const Model& model, const KvCodec& codec);
+
 // The store's persisted prefix-mode value for the engine's mode.
 store::PrefixMode ToStorePrefixMode(PrefixMode mode);
 
@@ -31,18 +48,20 @@ absl::StatusOr<store::KvDtype> StoreDtypeFor(const Model& model);
 // Key of the chunk `ids` as `model` would store it under `mode`
 // (fingerprint, mode, compute dtype, ids). Requires a model whose dtype
 // StoreDtypeFor accepts (f32/bf16/f16; every loadable model).
-store::ChunkKey ChunkKeyFor(const Model& model, const std::vector<int32_t>& ids, PrefixMode mode);
+store::ChunkKey ChunkKeyFor(const Model& model, const std::vector<int32_t>& ids, PrefixMode mode,
+                            const KvCodec& codec = {});
 
 // Encodes `kv` (as produced by PrefillChunk for `model` under `mode`) into a
 // record. FailedPrecondition when the model has no fingerprint;
 // InvalidArgument when kv's shapes do not fit the model.
 absl::StatusOr<std::string> EncodeChunkRecord(const Model& model, const ChunkKv& kv,
-                                              PrefixMode mode);
+                                              PrefixMode mode, const KvCodec& codec = {});
 
 // Decodes a verified record into tensors on the model's device (copied: the
-// result does not reference the record's buffer). FailedPrecondition when
-// the record was made by another model (fingerprint, n_layers, n_kv_heads,
-// head_dim or dtype differ) or prefilled under another prefix mode than
+// result does not reference the record's buffer; quantized records are
+// dequantized into the model's dtype). FailedPrecondition when the record
+// was made by another model (fingerprint, n_layers, n_kv_heads, head_dim, or
+// a raw dtype other than the model's) or prefilled under another prefix mode than
 // `mode` (its KV sits at other local positions: using it would be silently
 // wrong).
 absl::StatusOr<std::shared_ptr<const ChunkKv>> DecodeChunkRecord(const Model& model,

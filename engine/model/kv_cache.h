@@ -24,6 +24,9 @@ struct ChunkKv {
   std::vector<int32_t> token_ids;
   std::vector<at::Tensor> k;  // per layer [n_kv_heads, n_tokens, head_dim], pre-RoPE
   std::vector<at::Tensor> v;  // per layer [n_kv_heads, n_tokens, head_dim]
+  // True when K/V went through a lossy codec (a quantized record): then even
+  // the first chunk's cached KV is not exact, and the selection may not skip it.
+  bool lossy = false;
   int64_t size() const { return static_cast<int64_t>(token_ids.size()); }
 };
 

@@ -47,6 +47,7 @@
 #include "engine/eval/eval_set.h"
 #include "engine/model/model.h"
 #include "engine/blend/pipeline.h"
+#include "engine/chunk/chunk_codec.h"
 #include "engine/chunk/chunk_prefill.h"
 #include "engine/model/runtime.h"
 #include "engine/text/tokenizer.h"
@@ -63,6 +64,7 @@ Usage:
                 [--scoring-layers 1,2] [--threads N] [--device auto|cpu|cuda]
                 [--out-csv F] [--out-json F [--record-selected]] [--out-plot F.svg]
                 [--plot-metric auto|em|f1|top1] [--prompt-template "...{question}..."]
+                [--kv-codec raw|int8|int4 [--kv-group-size 64]]
   infoflow-eval --write-eval-set FILE.jsonl --synthetic N [synthetic options]
 
 Synthetic options:
@@ -78,6 +80,10 @@ depend on r and run once; the others run at every r in --ratios
 --record-selected adds to each --out-json example the token offset of every
 chunk ("chunk_offsets", input order) and, per method, the recomputed context
 token indices ("selected", input order, 0 = first chunk token).
+--kv-codec passes every chunk's K/V through a stored record of that codec
+(engine/chunk/chunk_codec.h; raw is bit-exact, int8/int4 quantize in groups of
+--kv-group-size: keys per channel, values per token) before the methods use
+it; FULL does not read chunk KV and stays the reference.
 --prompt-template is prefilled after the context; "{question}" is replaced by
 the question and the escapes \n and \t are expanded. Default:
 "\nQuestion: {question}\nAnswer:".
@@ -111,6 +117,8 @@ struct Flags {
   std::string prompt_template = "\\nQuestion: {question}\\nAnswer:";
   std::string write_eval_set;
   bool record_selected = false;
+  std::string kv_codec = "raw";
+  int kv_group_size = 64;
 };
 
 absl::Status ParseFlags(int argc, char** argv, Flags* f, bool* help) {
@@ -121,12 +129,13 @@ absl::Status ParseFlags(int argc, char** argv, Flags* f, bool* help) {
       {"--device", &f->device},           {"--out-csv", &f->out_csv},
       {"--out-json", &f->out_json},       {"--out-plot", &f->out_plot},
       {"--plot-metric", &f->plot_metric}, {"--prompt-template", &f->prompt_template},
-      {"--write-eval-set", &f->write_eval_set}};
+      {"--write-eval-set", &f->write_eval_set}, {"--kv-codec", &f->kv_codec}};
   std::map<std::string, int*> ints = {{"--synthetic", &f->synthetic},
                                       {"--chunks", &f->chunks},
                                       {"--chunk-words", &f->chunk_words},
                                       {"--max-new-tokens", &f->max_new_tokens},
-                                      {"--threads", &f->threads}};
+                                      {"--threads", &f->threads},
+                                      {"--kv-group-size", &f->kv_group_size}};
   std::map<std::string, bool*> switches = {{"--record-selected", &f->record_selected}};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -482,6 +491,9 @@ absl::Status Run(const Flags& f) {
   if (!tok.ok()) return tok.status();
   const Model& m = **model;
   const Tokenizer& tokenizer = **tok;
+  absl::StatusOr<KvCodec> parsed_codec = ParseKvCodec(f.kv_codec, f.kv_group_size);
+  if (!parsed_codec.ok()) return parsed_codec.status();
+  const KvCodec codec = *parsed_codec;
 
   QueryInput base;
   std::optional<int64_t> bos = m.config().bos_token_id;
@@ -523,7 +535,19 @@ absl::Status Run(const Flags& f) {
       if (ids.empty()) continue;
       absl::StatusOr<ChunkKv> kv = PrefillChunk(m, ids, input.chunk_prefix_mode);
       if (!kv.ok()) return kv.status();
-      input.chunks.push_back(std::make_shared<ChunkKv>(*std::move(kv)));
+      if (codec.kind == KvCodec::Kind::kRaw) {
+        input.chunks.push_back(std::make_shared<ChunkKv>(*std::move(kv)));
+        continue;
+      }
+      // Through a stored record and back, as the server's fetch path does.
+      absl::StatusOr<std::string> bytes = EncodeChunkRecord(m, *kv, input.chunk_prefix_mode, codec);
+      if (!bytes.ok()) return bytes.status();
+      absl::StatusOr<store::KvRecord> rec = store::DecodeRecord(*bytes);
+      if (!rec.ok()) return rec.status();
+      absl::StatusOr<std::shared_ptr<const ChunkKv>> back =
+          DecodeChunkRecord(m, *rec, input.chunk_prefix_mode);
+      if (!back.ok()) return back.status();
+      input.chunks.push_back(*std::move(back));
     }
     const double ingest_ms = Now() - t0;
     if (input.chunks.empty()) {

@@ -1,5 +1,6 @@
 // engine_bench: prefill throughput vs the machine's matmul peak (issue 2) and
-// the cost of each query-time method vs FULL prefill (issue 4).
+// the cost of each query-time method vs FULL prefill (issue 4), and stored KV
+// per codec: bytes per token, decode GB/s, INFOFLOW TTFT (issue 19).
 //
 //   engine_bench [--threads N] [--tokens 2048] [--context 4096] [--chunks 8]
 //                [--model DIR] [--reps 3]
@@ -18,6 +19,8 @@
 #include <vector>
 
 #include "engine/blend/pipeline.h"
+#include "cache_store/kv_record.h"
+#include "engine/chunk/chunk_codec.h"
 #include "engine/chunk/chunk_prefill.h"
 #include "engine/model/runtime.h"
 #include "engine/model/test_model.h"
@@ -190,6 +193,45 @@ int Main(int argc, char** argv) {
     std::printf("%-18s %9.1f %9.3f %8.1f %8.1f %10.1f %8.1f %10zu %9.3f\n", r.name, ttft,
                 ttft / full_ttft, t.reposition_ms, t.score_ms, t.recompute_ms, t.prompt_ms,
                 results.back().plan.selected.size(), t.recompute_ms / full_build);
+  }
+
+  // 3. Stored KV per codec (issue 19): record bytes per token, decode
+  // (fetch-side) throughput in decoded bytes, and INFOFLOW r=0.15 TTFT over
+  // chunks that went through a record of the codec.
+  std::printf("\nstored KV per codec, %d chunks of %lld tokens (median of %d)\n", chunks,
+              (long long)(context / chunks), reps);
+  std::printf("%-10s %12s %8s %14s %16s %10s\n", "codec", "bytes/token", "vs raw",
+              "decode ms", "decoded GB/s", "INFOFLOW ms");
+  double raw_bytes_per_token = 0;
+  for (const KvCodec& codec : {KvCodec{KvCodec::Kind::kRaw, 64}, KvCodec{KvCodec::Kind::kInt8, 64},
+                               KvCodec{KvCodec::Kind::kInt4, 64}}) {
+    std::vector<std::string> records;
+    size_t record_bytes = 0;
+    int64_t n_tokens = 0;
+    for (const auto& kv : in.chunks) {
+      absl::StatusOr<std::string> r = EncodeChunkRecord(m, *kv, PrefixMode::kBos, codec);
+      if (!r.ok()) return 1;
+      record_bytes += r->size();
+      n_tokens += kv->size();
+      records.push_back(*std::move(r));
+    }
+    QueryInput decoded = in;
+    const double decode_ms = MedianMs(reps, [&] {
+      decoded.chunks.clear();
+      for (const std::string& r : records) {
+        absl::StatusOr<store::KvRecord> rec = store::DecodeRecord(r);
+        decoded.chunks.push_back(*DecodeChunkRecord(m, *rec, PrefixMode::kBos));
+      }
+    });
+    const double decoded_bytes = KvBytesPerToken(m, KvCodec{}) * n_tokens;
+    MethodOptions infoflow;
+    infoflow.ratio = 0.15;
+    const double ttft = MedianMs(reps, [&] { (void)RunQuery(m, nullptr, decoded, infoflow, one, nullptr); });
+    const double per_token = static_cast<double>(record_bytes) / n_tokens;
+    if (codec.kind == KvCodec::Kind::kRaw) raw_bytes_per_token = per_token;
+    std::printf("%-10s %12.1f %8.3f %14.1f %16.2f %10.1f\n", KvCodecName(codec.kind), per_token,
+                per_token / raw_bytes_per_token, decode_ms, decoded_bytes / (decode_ms * 1e6),
+                ttft);
   }
   return 0;
 }

@@ -731,6 +731,55 @@ TEST(AdmissionTest, RefusesWhenQueueIsFull) {
   EXPECT_TRUE(second_done);
 }
 
+TEST_F(ServerTest, QuantizedCodecStoresSmallerRecordsAndRatioOneStillEqualsFull) {
+  // A raw server first, for the record size and the FULL answer.
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  const std::vector<std::string> raw_keys = IngestKeys();
+  v1::StatsResponse raw_stats;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(h_.admin->Stats(&ctx, v1::StatsRequest(), &raw_stats).ok());
+  }
+  const QueryCall full = RunQueryRpc(h_.query.get(), QueryByKeys(raw_keys, v1::METHOD_FULL));
+  ASSERT_TRUE(full.status.ok()) << full.status.error_message();
+  h_.Stop();
+
+  Harness int8;
+  int8.data_dir = TempDir("kv_int8");
+  int8.options = DefaultOptions(int8.data_dir);
+  int8.options.kv_codec = "int8";
+  int8.options.kv_group_size = 32;
+  ASSERT_NO_FATAL_FAILURE(int8.Start());
+  grpc::ClientContext ictx;
+  v1::IngestResponse resp;
+  ASSERT_TRUE(int8.ingest->Ingest(&ictx, IngestAll(), &resp).ok());
+  std::vector<std::string> keys;
+  for (const auto& r : resp.results()) {
+    EXPECT_EQ(r.status(), v1::CHUNK_STATUS_STORED);
+    keys.push_back(r.chunk_key());
+  }
+  EXPECT_NE(keys, raw_keys);  // another codec, other records
+  v1::ModelInfoResponse info;
+  v1::StatsResponse stats;
+  {
+    grpc::ClientContext c1, c2;
+    ASSERT_TRUE(int8.admin->ModelInfo(&c1, v1::ModelInfoRequest(), &info).ok());
+    ASSERT_TRUE(int8.admin->Stats(&c2, v1::StatsRequest(), &stats).ok());
+  }
+  EXPECT_EQ(info.kv_codec(), "int8");
+  EXPECT_LT(info.kv_bytes_per_token(), info.raw_kv_bytes_per_token() / 3);
+  EXPECT_LT(stats.bytes(), raw_stats.bytes() / 2);
+  // r = 1 recomputes every context token: the same answer as FULL.
+  v1::QueryRequest all = QueryByKeys(keys, v1::METHOD_INFOFLOW);
+  all.mutable_ratio()->set_value(1.0);
+  const QueryCall got = RunQueryRpc(int8.query.get(), all);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.ids, full.ids);
+  EXPECT_EQ(got.report.recomputed_tokens(), got.report.context_tokens());
+  int8.Stop();
+  fs::remove_all(int8.data_dir);
+}
+
 TEST_F(ServerTest, BusyServerAnswersResourceExhausted) {
   h_.options.workers = 1;
   h_.options.queue_depth = 0;

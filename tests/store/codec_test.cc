@@ -2,6 +2,7 @@
 // robustness (truncation, every single-byte flip, hostile sizes, and a
 // seeded mutation corpus standing in for the fuzzer in CI).
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -139,6 +140,63 @@ TEST(KvRecordTest, EncodeDecodeRoundTripWithLayerViews) {
     std::memcpy(b->MutableV(l), vs[l].data(), layer_bytes);
   }
   EXPECT_EQ(std::move(*b).Finish(), *enc);
+}
+
+TEST(KvRecordTest, QuantizedLayoutRoundTripAndGroupSizeChecks) {
+  KvRecordHeader h;
+  h.dtype = KvDtype::kInt4;
+  h.group_size = 4;
+  h.prefix_mode = PrefixMode::kBos;
+  h.n_layers = 2;
+  h.n_kv_heads = 3;
+  h.head_dim = 6;
+  h.n_tokens = 5;
+  h.model_fingerprint = "fp";
+  absl::StatusOr<KvRecordLayout> layout = ComputeRecordLayout(h);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  // Codes: 3*5*6 4-bit values = 45 bytes, padded to 48; K groups
+  // 3 x ceil(5/4) x 6 = 36, V groups 3 x ceil(6/4) x 5 = 30, 8 bytes each.
+  EXPECT_EQ(layout->codes_bytes, 48u);
+  EXPECT_EQ(layout->k_bytes, 48u + 36 * 8);
+  EXPECT_EQ(layout->v_bytes, 48u + 30 * 8);
+  EXPECT_EQ(layout->layer_bytes, 0u);
+  EXPECT_EQ(layout->payload_bytes, 2 * (layout->k_bytes + layout->v_bytes));
+  std::vector<std::string> ks, vs;
+  std::vector<KvLayerBytes> layers;
+  for (uint32_t l = 0; l < h.n_layers; ++l) {
+    ks.emplace_back(layout->k_bytes, static_cast<char>('k' + l));
+    vs.emplace_back(layout->v_bytes, static_cast<char>('V' + l));
+  }
+  for (uint32_t l = 0; l < h.n_layers; ++l) layers.push_back({ks[l], vs[l]});
+  absl::StatusOr<std::string> bytes = EncodeRecord(h, {1, 2, 3, 4, 5}, layers);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  absl::StatusOr<KvRecord> rec = DecodeRecord(*bytes);
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  EXPECT_EQ(rec->header.dtype, KvDtype::kInt4);
+  EXPECT_EQ(rec->header.group_size, 4);
+  for (uint32_t l = 0; l < h.n_layers; ++l) {
+    EXPECT_EQ(std::string(rec->K(l), rec->k_bytes), ks[l]);
+    EXPECT_EQ(std::string(rec->V(l), rec->v_bytes), vs[l]);
+  }
+  // The group size is part of the key; raw keys do not depend on it.
+  EXPECT_NE(rec->Key(), ComputeChunkKey("fp", PrefixMode::kBos, KvDtype::kInt4, {1, 2, 3, 4, 5}, 8));
+  EXPECT_EQ(ComputeChunkKey("fp", PrefixMode::kBos, KvDtype::kF32, {1}, 8),
+            ComputeChunkKey("fp", PrefixMode::kBos, KvDtype::kF32, {1}));
+  // Not encodable: quantized with group 0 or above the limit, raw with a
+  // group, int4 with an odd head_dim.
+  for (auto mutate : std::vector<std::function<void(KvRecordHeader*)>>{
+           [](KvRecordHeader* x) { x->group_size = 0; },
+           [](KvRecordHeader* x) { x->group_size = kMaxGroupSize + 1; },
+           [](KvRecordHeader* x) { x->dtype = KvDtype::kF32; },
+           [](KvRecordHeader* x) { x->head_dim = 7; }}) {
+    KvRecordHeader bad = h;
+    mutate(&bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(ComputeRecordLayout(bad).status()));
+  }
+  // A stored group size of 0 for a quantized dtype is corrupt (not a crash).
+  std::string zero_group = *bytes;
+  zero_group[26] = zero_group[27] = 0;
+  EXPECT_TRUE(IsCorruptRecord(DecodeRecord(zero_group).status()));
 }
 
 TEST(KvRecordTest, EncodeRejectsBadArguments) {
