@@ -413,6 +413,7 @@ grpc::Status AdminService::Stats(grpc::ServerContext* ctx, const v1::StatsReques
   resp->set_bytes_written(st.bytes_written);
   resp->set_ram_bytes(st.ram_bytes);
   resp->set_disk_bytes(st.disk_bytes);
+  resp->set_kv_bytes_per_token(KvBytesPerToken(*d_->model, d_->kv_codec));
   return grpc::Status::OK;
 }
 

@@ -768,6 +768,7 @@ TEST_F(ServerTest, QuantizedCodecStoresSmallerRecordsAndRatioOneStillEqualsFull)
   }
   EXPECT_EQ(info.kv_codec(), "int8");
   EXPECT_LT(info.kv_bytes_per_token(), info.raw_kv_bytes_per_token() / 3);
+  EXPECT_EQ(stats.kv_bytes_per_token(), info.kv_bytes_per_token());
   EXPECT_LT(stats.bytes(), raw_stats.bytes() / 2);
   // r = 1 recomputes every context token: the same answer as FULL.
   v1::QueryRequest all = QueryByKeys(keys, v1::METHOD_INFOFLOW);
