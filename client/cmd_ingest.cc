@@ -208,12 +208,15 @@ int RunIngest(int argc, char** argv) {
   std::fprintf(stderr, "%zu chunks: %zu stored, %zu skipped (already present), %zu errors\n", done,
                stored, skipped, errors);
   if (auto info = c.ModelInfo(); info.ok() && info->kv_bytes_per_token() > 0) {
-    std::fprintf(stderr, "kv codec %s: %lld tokens x %.0f bytes/token = %.1f MiB of K/V "
-                         "(%.2fx smaller than %s)\n",
+    const double ratio = info->raw_kv_bytes_per_token() / info->kv_bytes_per_token();
+    std::fprintf(stderr, "kv codec %s: %lld tokens x %.0f bytes/token = %.1f MiB of K/V",
                  info->kv_codec().c_str(), static_cast<long long>(tokens),
-                 info->kv_bytes_per_token(), tokens * info->kv_bytes_per_token() / (1 << 20),
-                 info->raw_kv_bytes_per_token() / info->kv_bytes_per_token(),
-                 info->dtype().c_str());
+                 info->kv_bytes_per_token(), tokens * info->kv_bytes_per_token() / (1 << 20));
+    if (info->kv_codec() == "raw") {
+      std::fprintf(stderr, " (%s, uncompressed)\n", info->dtype().c_str());
+    } else {
+      std::fprintf(stderr, " (%.2fx smaller than %s)\n", ratio, info->dtype().c_str());
+    }
   }
   if (!s.ok()) {
     std::fprintf(stderr, "infoflow ingest: %s\n", s.ToString().c_str());
