@@ -256,6 +256,9 @@ class ChunkStore::Impl {
   // Every write goes through here: it first resumes a DB that a failed write
   // left read-only, so the store recovers by itself once space is back.
   rocksdb::Status Write(rocksdb::WriteBatch* batch);
+  // Counts a failed write, flush or compaction and marks the DB for
+  // ResumeAfterBackgroundError; returns `s`.
+  rocksdb::Status TrackWrite(rocksdb::Status s);
   // ResourceExhausted when writing `record_bytes` would leave less than
   // options_.min_free_disk_bytes free. Why a guard: Debian's RocksDB 7.8 is
   // built with assertions, and a WAL append that hits ENOSPC followed by its
@@ -836,14 +839,17 @@ void ChunkStore::Impl::ResumeAfterBackgroundError() {
   }
 }
 
-rocksdb::Status ChunkStore::Impl::Write(rocksdb::WriteBatch* batch) {
-  ResumeAfterBackgroundError();
-  rocksdb::Status s = db_->Write(WriteOpts(), batch);
+rocksdb::Status ChunkStore::Impl::TrackWrite(rocksdb::Status s) {
   if (!s.ok()) {
     write_failed_.store(true, std::memory_order_relaxed);
     counters_.write_errors.fetch_add(1, std::memory_order_relaxed);
   }
   return s;
+}
+
+rocksdb::Status ChunkStore::Impl::Write(rocksdb::WriteBatch* batch) {
+  ResumeAfterBackgroundError();
+  return TrackWrite(db_->Write(WriteOpts(), batch));
 }
 
 absl::Status ChunkStore::Impl::Compact() {
@@ -869,21 +875,15 @@ absl::Status ChunkStore::Impl::Compact() {
   }
   ResumeAfterBackgroundError();
   rocksdb::FlushOptions fo;
-  rocksdb::Status s = db_->Flush(fo, {data_cf_, index_cf_});
-  if (!s.ok()) {
-    write_failed_.store(true, std::memory_order_relaxed);
-    return FromRocks(s, "flush");
-  }
+  rocksdb::Status s = TrackWrite(db_->Flush(fo, {data_cf_, index_cf_}));
+  if (!s.ok()) return FromRocks(s, "flush");
   rocksdb::CompactRangeOptions co;
   co.blob_garbage_collection_policy =
       rocksdb::BlobGarbageCollectionPolicy::kForce;
   co.blob_garbage_collection_age_cutoff = 1.0;
   for (rocksdb::ColumnFamilyHandle* cf : {data_cf_, index_cf_}) {
-    s = db_->CompactRange(co, cf, nullptr, nullptr);
-    if (!s.ok()) {
-      write_failed_.store(true, std::memory_order_relaxed);
-      return FromRocks(s, "compact");
-    }
+    s = TrackWrite(db_->CompactRange(co, cf, nullptr, nullptr));
+    if (!s.ok()) return FromRocks(s, "compact");
   }
   return absl::OkStatus();
 }

@@ -78,21 +78,19 @@ absl::StatusOr<std::vector<int32_t>> ChunkResolver::ChunkTokens(std::string_view
   return ids;
 }
 
-absl::StatusOr<IngestOutcome> ChunkResolver::Ingest(std::string_view text, PrefixMode mode,
-                                                    const std::string& field) const {
-  absl::StatusOr<std::vector<int32_t>> ids = ChunkTokens(text, field);
-  if (!ids.ok()) return ids.status();
-  const store::ChunkKey key = ChunkKeyFor(*model_, *ids, mode, codec_);
+absl::StatusOr<IngestOutcome> ChunkResolver::Ingest(const std::vector<int32_t>& ids,
+                                                    PrefixMode mode) const {
+  const store::ChunkKey key = ChunkKeyFor(*model_, ids, mode, codec_);
   IngestOutcome out;
   out.key_hex = key.Hex();
-  out.n_tokens = static_cast<int64_t>(ids->size());
+  out.n_tokens = static_cast<int64_t>(ids.size());
   absl::StatusOr<store::GetResult> got = store_->Get(key);
   if (!got.ok()) return got.status();
   if (got->status == store::GetStatus::kFound) {
     out.already_present = true;
     return out;
   }
-  absl::StatusOr<ChunkKv> kv = PrefillChunk(*model_, *ids, mode);
+  absl::StatusOr<ChunkKv> kv = PrefillChunk(*model_, ids, mode);
   if (!kv.ok()) return kv.status();
   absl::StatusOr<std::string> record = EncodeChunkRecord(*model_, *kv, mode, codec_);
   if (!record.ok()) return record.status();

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/chunk/chunk_codec.h"
+#include "engine/chunk/kv_codec.h"
 
 namespace infoflow {
 class Model;
@@ -68,17 +68,18 @@ class ChunkResolver {
   ChunkResolver(const Model* model, const Tokenizer* tokenizer, store::ChunkStore* store,
                 int64_t max_chunk_tokens, const KvCodec& codec = {});
 
-  // Ingests one chunk text: InvalidArgument (naming `field`) when it is
-  // empty, not UTF-8, or too long; otherwise stores its KV unless an intact
-  // record exists (already_present).
-  absl::StatusOr<IngestOutcome> Ingest(std::string_view text, PrefixMode mode,
-                                       const std::string& field) const;
-
-  // The checks Ingest makes before any work (empty, UTF-8, token limit),
-  // so a batch can be refused whole before anything is stored.
-  absl::Status Validate(std::string_view text, const std::string& field) const {
-    return ChunkTokens(text, field).status();
+  // The checks ingest makes before any work: InvalidArgument (naming
+  // `field`) when the text is empty, not UTF-8, or too long (bytes, then
+  // tokens). Returns its token ids, so a batch can be checked whole before
+  // anything is stored and each text is tokenized once.
+  absl::StatusOr<std::vector<int32_t>> CheckedTokens(std::string_view text,
+                                                     const std::string& field) const {
+    return ChunkTokens(text, field);
   }
+
+  // Ingests one chunk given as CheckedTokens ids: stores its KV unless an
+  // intact record exists (already_present).
+  absl::StatusOr<IngestOutcome> Ingest(const std::vector<int32_t>& ids, PrefixMode mode) const;
 
   // Checks a query's context length before anything is prefilled.
   using ContextCheck = std::function<absl::Status(int64_t context_tokens)>;

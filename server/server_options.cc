@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "engine/chunk/kv_codec.h"
 
 namespace infoflow::server {
 
@@ -89,13 +90,8 @@ absl::Status Apply(ServerOptions* o, const std::string& name, const std::string&
   else if (name == "auth-token-file") o->auth_token_file = value;
   else if (name == "tls-cert") o->tls_cert = value;
   else if (name == "tls-key") o->tls_key = value;
-  else if (name == "kv-codec") {
-    if (value != "raw" && value != "int8" && value != "int4") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--kv-codec: expected raw, int8 or int4, got '", value, "'"));
-    }
-    o->kv_codec = value;
-  } else if (name == "kv-group-size") return num(&o->kv_group_size, 1);
+  else if (name == "kv-codec") o->kv_codec = value;  // checked with the group size below
+  else if (name == "kv-group-size") return num(&o->kv_group_size, 1);
   else if (name == "idle-trim-ms") return num(&o->idle_trim_ms, 0);
   else if (name == "min-free-disk-bytes") return num(&o->min_free_disk_bytes, 0);
   else if (name == "max-prompt-tokens") return num(&o->max_prompt_tokens, 1);
@@ -171,6 +167,9 @@ absl::StatusOr<ServerOptions> ParseServerFlags(int argc, char** argv, bool* help
   }
   if (options.tls_cert.empty() != options.tls_key.empty()) {
     return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  if (absl::StatusOr<KvCodec> c = ParseKvCodec(options.kv_codec, options.kv_group_size); !c.ok()) {
+    return c.status();
   }
   return options;
 }

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "cache_store/chunk_store.h"
 #include "engine/blend/pipeline.h"
+#include "engine/chunk/chunk_codec.h"
 
 namespace infoflow::server {
 namespace v1 = ::infoflow::v1;
@@ -217,10 +218,13 @@ grpc::Status IngestService::DoIngest(grpc::ServerContext* ctx, const v1::IngestR
     return Invalid(absl::StrCat("chunks: ", req.chunks_size(), " chunks, limit is ",
                                 d_->options->max_chunks, " (--max-chunks)"));
   }
-  // The whole batch is checked before anything is stored.
+  // The whole batch is checked (and tokenized, once) before anything is stored.
+  std::vector<std::vector<int32_t>> ids(req.chunks_size());
   for (int i = 0; i < req.chunks_size(); ++i) {
-    absl::Status s = d_->resolver->Validate(req.chunks(i).text(), absl::StrCat("chunks[", i, "].text"));
-    if (!s.ok()) return ToGrpc(s);
+    absl::StatusOr<std::vector<int32_t>> checked =
+        d_->resolver->CheckedTokens(req.chunks(i).text(), absl::StrCat("chunks[", i, "].text"));
+    if (!checked.ok()) return ToGrpc(checked.status());
+    ids[i] = *std::move(checked);
   }
   if (absl::Status s = d_->admission->Acquire([ctx] { return ctx->IsCancelled(); }); !s.ok()) {
     return ToGrpc(s);
@@ -235,7 +239,7 @@ grpc::Status IngestService::DoIngest(grpc::ServerContext* ctx, const v1::IngestR
     v1::IngestResult* r = resp->add_results();
     r->set_client_id(req.chunks(i).client_id());
     absl::StatusOr<IngestOutcome> out = GuardedRun([&] {
-      return d_->resolver->Ingest(req.chunks(i).text(), mode, absl::StrCat("chunks[", i, "].text"));
+      return d_->resolver->Ingest(ids[i], mode);
     });
     if (!out.ok()) {
       // The batch was validated up front, so this is the server's failure

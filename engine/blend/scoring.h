@@ -23,7 +23,8 @@ namespace infoflow {
 //   score[t] = mean over layers of S_l[t].
 // Cost: O(|question| * N) attention per layer; the pass stops after the last
 // scoring layer. Memory: O(N) per scoring layer besides the forward pass's own
-// blocks (the statistics are reduced per block of question rows). Returns [context_end - context_begin] f64 on CPU.
+// blocks (the statistics are reduced per block of question rows). Returns
+// [context_end - context_begin] f64 on CPU.
 at::Tensor ScoreByAttentionNorm(const Model& model, KvCache* cache,
                                 const std::vector<int32_t>& question_ids, int64_t question_start,
                                 int64_t context_begin, int64_t context_end,

@@ -207,4 +207,14 @@ absl::StatusOr<std::shared_ptr<const ChunkKv>> DecodeChunkRecord(const Model& mo
   return std::shared_ptr<const ChunkKv>(std::move(kv));
 }
 
+absl::StatusOr<std::shared_ptr<const ChunkKv>> ThroughRecord(const Model& model, const ChunkKv& kv,
+                                                             PrefixMode mode,
+                                                             const KvCodec& codec) {
+  absl::StatusOr<std::string> bytes = EncodeChunkRecord(model, kv, mode, codec);
+  if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<store::KvRecord> rec = store::DecodeRecord(*bytes);
+  if (!rec.ok()) return rec.status();
+  return DecodeChunkRecord(model, *rec, mode);
+}
+
 }  // namespace infoflow

@@ -20,19 +20,9 @@
 #include "engine/model/kv_cache.h"
 #include "engine/model/model.h"
 #include "engine/chunk/chunk_prefill.h"
+#include "engine/chunk/kv_codec.h"
 
 namespace infoflow {
-
-// How a server stores chunk K/V (--kv-codec, --kv-group-size).
-struct KvCodec {
-  enum class Kind { kRaw, kInt8, kInt4 };
-  Kind kind = Kind::kRaw;
-  int group_size = 64;  // quantized kinds: elements per (scale, min) group
-};
-const char* KvCodecName(KvCodec::Kind kind);  // "raw", "int8", "int4"
-// "raw" | "int8" | "int4" and a group size in 1..store::kMaxGroupSize;
-// InvalidArgument naming the flag otherwise.
-absl::StatusOr<KvCodec> ParseKvCodec(const std::string& name, int group_size);
 
 // Bytes per token of a record's K/V under `codec` for `model` (payload only:
 // 2 x layers x kv heads x head dim x bytes per element, plus group scales).
@@ -67,6 +57,13 @@ absl::StatusOr<std::string> EncodeChunkRecord(const Model& model, const ChunkKv&
 absl::StatusOr<std::shared_ptr<const ChunkKv>> DecodeChunkRecord(const Model& model,
                                                                  const store::KvRecord& record,
                                                                  PrefixMode mode);
+
+// EncodeChunkRecord + DecodeRecord + DecodeChunkRecord: `kv` as a reader of
+// its stored record under `codec` sees it (what the server's fetch path
+// returns). For evals and benchmarks that skip the store.
+absl::StatusOr<std::shared_ptr<const ChunkKv>> ThroughRecord(const Model& model, const ChunkKv& kv,
+                                                             PrefixMode mode,
+                                                             const KvCodec& codec);
 
 }  // namespace infoflow
 

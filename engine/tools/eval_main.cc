@@ -540,12 +540,8 @@ absl::Status Run(const Flags& f) {
         continue;
       }
       // Through a stored record and back, as the server's fetch path does.
-      absl::StatusOr<std::string> bytes = EncodeChunkRecord(m, *kv, input.chunk_prefix_mode, codec);
-      if (!bytes.ok()) return bytes.status();
-      absl::StatusOr<store::KvRecord> rec = store::DecodeRecord(*bytes);
-      if (!rec.ok()) return rec.status();
       absl::StatusOr<std::shared_ptr<const ChunkKv>> back =
-          DecodeChunkRecord(m, *rec, input.chunk_prefix_mode);
+          ThroughRecord(m, *kv, input.chunk_prefix_mode, codec);
       if (!back.ok()) return back.status();
       input.chunks.push_back(*std::move(back));
     }

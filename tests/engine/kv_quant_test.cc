@@ -70,15 +70,16 @@ TEST(KvQuant, SectionRoundTripIsWithinHalfAStepPerElement) {
   }
 }
 
-// Through a stored record and back, as the server's fetch path does.
-std::shared_ptr<const ChunkKv> ThroughRecord(const Model& model, const ChunkKv& kv, PrefixMode mode,
-                                             const KvCodec& codec) {
+// Through a stored record and back (ThroughRecord), checking on the way that
+// the record's own key is the one the codec's lookups use.
+std::shared_ptr<const ChunkKv> RoundTrip(const Model& model, const ChunkKv& kv, PrefixMode mode,
+                                         const KvCodec& codec) {
   absl::StatusOr<std::string> bytes = EncodeChunkRecord(model, kv, mode, codec);
   EXPECT_TRUE(bytes.ok()) << bytes.status();
   absl::StatusOr<store::KvRecord> rec = store::DecodeRecord(*bytes);
   EXPECT_TRUE(rec.ok()) << rec.status();
   EXPECT_EQ(rec->Key(), ChunkKeyFor(model, kv.token_ids, mode, codec));
-  absl::StatusOr<std::shared_ptr<const ChunkKv>> back = DecodeChunkRecord(model, *rec, mode);
+  absl::StatusOr<std::shared_ptr<const ChunkKv>> back = ThroughRecord(model, kv, mode, codec);
   EXPECT_TRUE(back.ok()) << back.status();
   return back.ok() ? *back : nullptr;
 }
@@ -96,7 +97,7 @@ TEST(KvQuant, CodecsAreDistinctRecordsAndSmaller) {
   for (const KvCodec& c : {raw, int8, int4, int4_g32}) {
     keys.push_back(ChunkKeyFor(*model, ids, PrefixMode::kBos, c));
     sizes.push_back(EncodeChunkRecord(*model, *kv, PrefixMode::kBos, c)->size());
-    std::shared_ptr<const ChunkKv> back = ThroughRecord(*model, *kv, PrefixMode::kBos, c);
+    std::shared_ptr<const ChunkKv> back = RoundTrip(*model, *kv, PrefixMode::kBos, c);
     ASSERT_NE(back, nullptr);
     EXPECT_EQ(back->lossy, c.kind != KvCodec::Kind::kRaw);
     EXPECT_EQ(back->token_ids, ids);
@@ -130,7 +131,7 @@ TEST(KvQuant, RatioOneEqualsFullWithQuantizedRecords) {
       for (int i = 0; i < 14 + 5 * c; ++i) ids.push_back(3 + (i * 37 + c * 101) % 400);
       absl::StatusOr<ChunkKv> kv = PrefillChunk(*model, ids, PrefixMode::kBos);
       ASSERT_TRUE(kv.ok());
-      in.chunks.push_back(ThroughRecord(*model, *kv, PrefixMode::kBos, codec));
+      in.chunks.push_back(RoundTrip(*model, *kv, PrefixMode::kBos, codec));
     }
     in.question_ids = {17, 29, 31, 47};
     in.prompt_ids = in.question_ids;
@@ -187,7 +188,7 @@ TEST(KvQuant, Int8StaysWithinASmallKlOfRawOnTheShippedModel) {
       absl::StatusOr<ChunkKv> kv = PrefillChunk(*model, (*tok)->Encode(text), PrefixMode::kBos);
       ASSERT_TRUE(kv.ok());
       for (int c = 0; c < 2; ++c) {
-        quant[c].chunks.push_back(ThroughRecord(*model, *kv, PrefixMode::kBos, codecs[c]));
+        quant[c].chunks.push_back(RoundTrip(*model, *kv, PrefixMode::kBos, codecs[c]));
       }
       raw.chunks.push_back(std::make_shared<ChunkKv>(*std::move(kv)));
     }

@@ -503,6 +503,17 @@ TEST(ServerOptionsTest, FlagsAndConfigFile) {
   std::vector<char*> targv;
   for (auto& a : tls) targv.push_back(a.data());
   EXPECT_FALSE(ParseServerFlags(static_cast<int>(targv.size()), targv.data(), &help).ok());
+  // The codec flags are checked together, at parse time.
+  for (std::vector<std::string> codec : {std::vector<std::string>{"s", "--kv-codec", "int3"},
+                                         std::vector<std::string>{"s", "--kv-codec", "int4",
+                                                                  "--kv-group-size", "5000"}}) {
+    std::vector<char*> cargv;
+    for (auto& a : codec) cargv.push_back(a.data());
+    auto c = ParseServerFlags(static_cast<int>(cargv.size()), cargv.data(), &help);
+    ASSERT_FALSE(c.ok());
+    EXPECT_NE(c.status().message().find(codec[3 == codec.size() ? 1 : 3]), std::string::npos)
+        << c.status();
+  }
   fs::remove_all(dir);
 }
 
