@@ -48,8 +48,9 @@ namespace {
 // queue) at scrape time: one source of truth, no gauge to keep in sync.
 class LiveCollector : public prometheus::Collectable {
  public:
-  LiveCollector(const store::StoreCounters* c, std::function<int()> queue_depth)
-      : c_(c), queue_depth_(std::move(queue_depth)) {}
+  LiveCollector(const store::StoreCounters* c, std::function<int()> queue_depth,
+                std::function<int()> running)
+      : c_(c), queue_depth_(std::move(queue_depth)), running_(std::move(running)) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     auto load = [](const std::atomic<uint64_t>& a) {
@@ -102,8 +103,12 @@ class LiveCollector : public prometheus::Collectable {
           load(c_->quarantined));
     gauge("infoflow_store_records", "Records in the store.", load(c_->records));
     gauge("infoflow_store_bytes", "Sum of stored record sizes.", load(c_->bytes));
-    gauge("infoflow_queue_depth", "Requests waiting for a worker slot.",
+    gauge("infoflow_queue_depth", "Requests waiting in the scheduler's queue.",
           static_cast<double>(queue_depth_()));
+    gauge("infoflow_waiting_requests", "Requests waiting in the scheduler's queue.",
+          static_cast<double>(queue_depth_()));
+    gauge("infoflow_running_requests", "Requests past the queue: prefilling or decoding.",
+          static_cast<double>(running_()));
 #if defined(__GLIBC__)
     // What the allocator holds: in use by the program vs freed but still
     // mapped (RSS minus in_use is mostly this plus libraries). A leak grows
@@ -129,6 +134,7 @@ class LiveCollector : public prometheus::Collectable {
  private:
   const store::StoreCounters* c_;
   std::function<int()> queue_depth_;
+  std::function<int()> running_;
 };
 
 // civetweb's "listening_ports" for `listen` ("host:port", "port", or
@@ -165,6 +171,9 @@ struct Metrics::Impl {
   prometheus::Counter* generated = nullptr;
   prometheus::Counter* ingest_tokens = nullptr;
   prometheus::Gauge* inflight = nullptr;
+  prometheus::Histogram* batch_size = nullptr;
+  prometheus::Histogram* queue_wait = nullptr;
+  prometheus::Histogram* inter_token = nullptr;
   std::unique_ptr<prometheus::Exposer> exposer;  // last: stops serving before the rest goes
 };
 
@@ -174,6 +183,7 @@ Metrics::~Metrics() = default;
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& listen,
                                                         const store::StoreCounters* counters,
                                                         std::function<int()> queue_depth,
+                                                        std::function<int()> running,
                                                         const std::string& model_name) {
   auto impl = std::make_unique<Impl>();
   prometheus::Registry& r = *impl->registry;
@@ -206,13 +216,29 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& liste
                         .Help("Query streams being served.")
                         .Register(r)
                         .Add({});
+  impl->batch_size = &prometheus::BuildHistogram()
+                          .Name("infoflow_batch_size")
+                          .Help("Requests advanced by one batched decode step.")
+                          .Register(r)
+                          .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64});
+  impl->queue_wait = &prometheus::BuildHistogram()
+                          .Name("infoflow_queue_wait_seconds")
+                          .Help("Time a request waited in the scheduler's queue.")
+                          .Register(r)
+                          .Add({}, SecondsBuckets());
+  impl->inter_token = &prometheus::BuildHistogram()
+                           .Name("infoflow_inter_token_seconds")
+                           .Help("Time between consecutive generated tokens of a query.")
+                           .Register(r)
+                           .Add({}, SecondsBuckets());
   prometheus::BuildGauge()
       .Name("infoflow_build_info")
       .Help("Constant 1, labelled with the server version and model.")
       .Register(r)
       .Add({{"version", "0.1.0"}, {"model", model_name}})
       .Set(1);
-  impl->live = std::make_shared<LiveCollector>(counters, std::move(queue_depth));
+  impl->live = std::make_shared<LiveCollector>(counters, std::move(queue_depth),
+                                               std::move(running));
   absl::StatusOr<std::string> port = CivetListeningPort(listen);
   if (!port.ok()) return port.status();
   // Several threads and a read/write timeout: a client that trickles its
@@ -247,6 +273,9 @@ void Metrics::ObserveQuery(const std::string& method, double ttft_seconds,
 
 void Metrics::AddIngestTokens(int64_t n) { impl_->ingest_tokens->Increment(static_cast<double>(n)); }
 void Metrics::AddInflightStreams(int delta) { impl_->inflight->Increment(delta); }
+void Metrics::ObserveBatchSize(int requests) { impl_->batch_size->Observe(requests); }
+void Metrics::ObserveQueueWait(double seconds) { impl_->queue_wait->Observe(seconds); }
+void Metrics::ObserveInterToken(double seconds) { impl_->inter_token->Observe(seconds); }
 
 void Metrics::SetKvBytesPerToken(const std::string& codec, double bytes) {
   prometheus::BuildGauge()

@@ -29,13 +29,15 @@ struct StageSample {
 class Metrics {
  public:
   // Binds `listen` ("host:port", port 0 = ephemeral). `counters` must
-  // outlive the Metrics; `queue_depth` (requests waiting for a slot) is
-  // called at scrape time, so the gauge is always the live value.
+  // outlive the Metrics; `queue_depth` (requests waiting in the scheduler's
+  // queue) and `running` (requests prefilling or decoding) are called at
+  // scrape time, so the gauges are always the live values.
   // InvalidArgument for a malformed address, Unavailable when the port
   // cannot be bound.
   static absl::StatusOr<std::unique_ptr<Metrics>> Start(const std::string& listen,
                                                         const store::StoreCounters* counters,
                                                         std::function<int()> queue_depth,
+                                                        std::function<int()> running,
                                                         const std::string& model_name);
   ~Metrics();
   Metrics(const Metrics&) = delete;
@@ -49,6 +51,12 @@ class Metrics {
                     int64_t generated_tokens);
   void AddIngestTokens(int64_t n);
   void AddInflightStreams(int delta);
+  // Scheduler (server/scheduler.h): requests per batched decode step, time
+  // a request waited in the queue, time between consecutive tokens of a
+  // request.
+  void ObserveBatchSize(int requests);
+  void ObserveQueueWait(double seconds);
+  void ObserveInterToken(double seconds);
   // Bytes per token of stored chunk K/V under the server's --kv-codec.
   void SetKvBytesPerToken(const std::string& codec, double bytes);
 

@@ -8,7 +8,9 @@
 #include "absl/strings/str_replace.h"
 #include "engine/blend/pipeline.h"
 #include "engine/chunk/chunk_prefill.h"
+#include "engine/model/forward.h"
 #include "engine/text/tokenizer.h"
+#include "server/prefilled_query.h"
 
 namespace infoflow::server {
 namespace {
@@ -72,9 +74,26 @@ absl::Status QueryRunner::Prepare(QuerySpec* spec) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<QueryOutcome> QueryRunner::Run(const QuerySpec& spec, const TokenSink& sink) const {
-  const auto t0 = std::chrono::steady_clock::now();
-  QueryOutcome out;
+void MarkFirstToken(PrefilledQuery* q) {
+  q->outcome.ttft_ms = MsSince(q->start);
+  q->outcome.first_token_ms = MsSince(q->prompt_done);
+}
+
+void FinishOutcome(PrefilledQuery* q, const DecodeResult& result) {
+  QueryOutcome& out = q->outcome;
+  if (result.ids.empty() && out.ttft_ms == 0) out.ttft_ms = MsSince(q->start);  // nothing generated
+  out.decode_ms = MsSince(q->prompt_done);
+  out.stop_reason = StopReasonName(result.stop_reason);
+  out.cancelled = result.stop_reason == StopReason::kCancelled;
+  out.generated_tokens = static_cast<int64_t>(result.ids.size());
+  out.text = result.text;
+}
+
+absl::StatusOr<std::unique_ptr<PrefilledQuery>> QueryRunner::Prefill(
+    const QuerySpec& spec, const PositionsCheck& positions_check) const {
+  auto q = std::make_unique<PrefilledQuery>();
+  q->start = std::chrono::steady_clock::now();
+  QueryOutcome& out = q->outcome;
   // The resolver calls this once it knows the context length (keys fetched,
   // texts tokenized) and before it prefills anything.
   const int64_t prefix_len = PrefixLength(spec.prefix_mode);
@@ -96,12 +115,12 @@ absl::StatusOr<QueryOutcome> QueryRunner::Run(const QuerySpec& spec, const Token
           " new tokens = ", out.positions, " positions, over the model's max_position_embeddings of ",
           limits_.max_positions));
     }
-    return absl::OkStatus();
+    return positions_check ? positions_check(out.positions) : absl::OkStatus();
   };
   absl::StatusOr<ResolvedChunks> resolved =
       resolver_->Resolve(spec.chunks, spec.prefix_mode, check_context);
   if (!resolved.ok()) return resolved.status();
-  out.fetch_ms = MsSince(t0);
+  out.fetch_ms = MsSince(q->start);
   out.chunk_hits = resolved->hits;
   out.chunk_misses = resolved->misses;
   out.chunk_keys = resolved->keys_hex;
@@ -123,40 +142,52 @@ absl::StatusOr<QueryOutcome> QueryRunner::Run(const QuerySpec& spec, const Token
   options.lego_k = spec.lego_k;
   options.seed = spec.seed;
 
-  DecodeOptions decode;
+  DecodeOptions& decode = q->decode;
   decode.sampling = {spec.temperature, spec.top_p, spec.seed};
   decode.max_new_tokens = spec.max_new_tokens;
   decode.stop_strings = spec.stop;
   for (int64_t id : model_->config().eos_token_ids) decode.stop_ids.push_back(static_cast<int32_t>(id));
 
-  bool first = true;
-  absl::StatusOr<QueryResult> result =
-      RunQuery(*model_, tokenizer_, input, options, decode, [&](int32_t id, std::string_view text) {
-        if (first) {
-          out.ttft_ms = MsSince(t0);
-          first = false;
-        }
-        return sink(id, text);
-      });
-  if (!result.ok()) return result.status();
-  const StageTimings& t = result->plan.timings;
+  // As RunQuery (engine/blend/pipeline.h): BuildContext, then the prompt.
+  absl::StatusOr<BlendedContext> ctx = BuildContext(*model_, input, options);
+  if (!ctx.ok()) return ctx.status();
+  const auto prompt_t0 = std::chrono::steady_clock::now();
+  q->logits = PrefillTokens(*model_, input.prompt_ids, ctx->next_position, &ctx->cache).logits;
+  q->prompt_done = std::chrono::steady_clock::now();
+  q->next_position = ctx->next_position + static_cast<int64_t>(input.prompt_ids.size());
+  q->cache = std::make_unique<KvCache>(std::move(ctx->cache));
+  const StageTimings& t = ctx->plan.timings;
   out.reposition_ms = t.reposition_ms;
   out.score_ms = t.score_ms;
   out.select_ms = t.select_ms;
   out.reorder_ms = t.reorder_ms;
   out.recompute_ms = t.recompute_ms;
-  out.prompt_ms = t.prompt_ms;
-  out.first_token_ms = t.first_token_ms;
-  out.decode_ms = t.decode_ms;
-  if (first) out.ttft_ms = MsSince(t0);  // nothing generated
-  out.context_tokens = result->plan.context_tokens;
-  out.recomputed_tokens = static_cast<int64_t>(result->plan.selected.size());
-  out.chunk_order = result->plan.chunk_order;
-  out.stop_reason = StopReasonName(result->decode.stop_reason);
-  out.cancelled = result->decode.stop_reason == StopReason::kCancelled;
-  out.generated_tokens = static_cast<int64_t>(result->decode.ids.size());
-  out.text = result->decode.text;
-  return out;
+  out.prompt_ms = MsSince(prompt_t0);
+  out.context_tokens = ctx->plan.context_tokens;
+  out.recomputed_tokens = static_cast<int64_t>(ctx->plan.selected.size());
+  out.chunk_order = ctx->plan.chunk_order;
+  return q;
+}
+
+QueryOutcome QueryRunner::DecodeAlone(std::unique_ptr<PrefilledQuery> q,
+                                      const TokenSink& sink) const {
+  bool first = true;
+  DecodeResult result = Decode(*model_, q->cache.get(), q->next_position, q->logits, q->decode,
+                               tokenizer_, [&](int32_t id, std::string_view text) {
+                                 if (first) {
+                                   MarkFirstToken(q.get());
+                                   first = false;
+                                 }
+                                 return sink(id, text);
+                               });
+  FinishOutcome(q.get(), result);
+  return std::move(q->outcome);
+}
+
+absl::StatusOr<QueryOutcome> QueryRunner::Run(const QuerySpec& spec, const TokenSink& sink) const {
+  absl::StatusOr<std::unique_ptr<PrefilledQuery>> q = Prefill(spec, nullptr);
+  if (!q.ok()) return q.status();
+  return DecodeAlone(*std::move(q), sink);
 }
 
 }  // namespace infoflow::server

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,6 +50,8 @@ struct QueryLimits {
   bool allow_beyond_model_positions = false;
 };
 
+struct PrefilledQuery;  // server/prefilled_query.h
+
 struct QueryOutcome {
   double ttft_ms = 0;  // from Run's start to the first token
   double fetch_ms = 0;
@@ -86,6 +89,8 @@ class QueryRunner {
   QueryRunner(const Model* model, const Tokenizer* tokenizer, const ChunkResolver* resolver,
               const QueryLimits& limits);
 
+  const Tokenizer* tokenizer() const { return tokenizer_; }
+
   // Checks the prompt and the question against the limits and tokenizes
   // them into spec->prompt_ids / question_ids. Cheap and bounded (the byte
   // length is checked before tokenizing); call before queueing the request.
@@ -97,6 +102,20 @@ class QueryRunner {
   // prompt + max_new_tokens exceed the model's positions (unless allowed);
   // the resolver's and the pipeline's errors as they are.
   absl::StatusOr<QueryOutcome> Run(const QuerySpec& spec, const TokenSink& sink) const;
+
+  // Called once the query's positions (prefix + context + prompt +
+  // max_new_tokens) are known and before any prefill; an error refuses the
+  // query. The scheduler reserves KV memory here.
+  using PositionsCheck = std::function<absl::Status(int64_t positions)>;
+
+  // Run's first phase: the same checks, chunk resolution, context and
+  // prompt prefill; returns the state to decode from (decode alone with
+  // DecodeAlone, or in the scheduler's batch). `positions_check` may be null.
+  absl::StatusOr<std::unique_ptr<PrefilledQuery>> Prefill(
+      const QuerySpec& spec, const PositionsCheck& positions_check) const;
+
+  // Run's second phase, alone: Decode with Model::Forward, one token a step.
+  QueryOutcome DecodeAlone(std::unique_ptr<PrefilledQuery> q, const TokenSink& sink) const;
 
  private:
   const Model* model_;

@@ -43,9 +43,11 @@ struct InfoflowServer::State {
   std::unique_ptr<store::ChunkStore> store;
   std::unique_ptr<ChunkResolver> resolver;
   std::unique_ptr<QueryRunner> runner;
-  std::unique_ptr<Admission> admission;
-  std::unique_ptr<IdleTrimmer> trimmer;  // after admission: stops before it goes
-  std::unique_ptr<Metrics> metrics;      // reads store and admission at scrape time
+  std::unique_ptr<Metrics> metrics;  // reads store and scheduler at scrape time
+  // After metrics (it reports into them): goes first, once the gRPC server
+  // has no call left.
+  std::unique_ptr<Scheduler> scheduler;
+  std::unique_ptr<IdleTrimmer> trimmer;  // after the scheduler: stops before it goes
   ServiceDeps deps;
   std::unique_ptr<IngestService> ingest;
   std::unique_ptr<QueryService> query;
@@ -60,6 +62,9 @@ InfoflowServer::InfoflowServer(std::unique_ptr<State> state) : s_(std::move(stat
 InfoflowServer::~InfoflowServer() {
   Shutdown(std::chrono::milliseconds(2000));
   s_->server.reset();
+  // No call is left: stop the engine threads before the metrics they report into go.
+  s_->trimmer.reset();
+  s_->scheduler.reset();
 }
 
 absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const ServerOptions& options) {
@@ -122,22 +127,30 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
   limits.allow_beyond_model_positions = options.allow_beyond_model_positions;
   s->runner = std::make_unique<QueryRunner>(s->model.get(), s->tokenizer.get(), s->resolver.get(),
                                             limits);
-  s->admission = std::make_unique<Admission>(options.workers, options.queue_depth);
-  if (options.idle_trim_ms > 0) {
-    Admission* a = s->admission.get();
-    s->trimmer = std::make_unique<IdleTrimmer>([a] { return a->idle(); },
-                                               [a] { return a->admitted(); },
-                                               std::chrono::milliseconds(options.idle_trim_ms));
-  }
   const std::string model_name =
       std::filesystem::path(s->model_dir).lexically_normal().filename().string();
   if (!options.metrics_listen.empty()) {
-    absl::StatusOr<std::unique_ptr<Metrics>> m =
-        Metrics::Start(options.metrics_listen, &s->store->counters(),
-                       [a = s->admission.get()] { return a->waiting(); }, model_name);
+    State* st_ptr = s.get();
+    absl::StatusOr<std::unique_ptr<Metrics>> m = Metrics::Start(
+        options.metrics_listen, &s->store->counters(),
+        [st_ptr] { return st_ptr->scheduler ? st_ptr->scheduler->waiting() : 0; },
+        [st_ptr] { return st_ptr->scheduler ? st_ptr->scheduler->running() : 0; }, model_name);
     if (!m.ok()) return m.status();
     s->metrics = *std::move(m);
     s->metrics->SetKvBytesPerToken(KvCodecName(codec->kind), KvBytesPerToken(*s->model, *codec));
+  }
+  SchedulerOptions so_sched;
+  so_sched.max_running = options.workers;
+  so_sched.queue_depth = options.queue_depth;
+  so_sched.max_kv_bytes = options.max_kv_bytes;
+  so_sched.max_batch_tokens = options.max_batch_tokens;
+  s->scheduler =
+      std::make_unique<Scheduler>(s->model.get(), s->runner.get(), s->metrics.get(), so_sched);
+  if (options.idle_trim_ms > 0) {
+    Scheduler* sched = s->scheduler.get();
+    s->trimmer = std::make_unique<IdleTrimmer>([sched] { return sched->idle(); },
+                                               [sched] { return sched->admitted(); },
+                                               std::chrono::milliseconds(options.idle_trim_ms));
   }
 
   ServiceDeps& d = s->deps;
@@ -147,7 +160,7 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
   d.resolver = s->resolver.get();
   d.runner = s->runner.get();
   d.metrics = s->metrics.get();
-  d.admission = s->admission.get();
+  d.scheduler = s->scheduler.get();
   d.options = &s->options;
   d.kv_codec = *codec;
   if (!options.auth_token_file.empty()) {

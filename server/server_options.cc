@@ -32,8 +32,17 @@ const char kServerUsage[] =
     "                          run queries that need more positions than the model's\n"
     "                          max_position_embeddings, flagged in the report (default false:\n"
     "                          refused with OUT_OF_RANGE)\n"
-    "  --workers N             queries computed at once (default 2)\n"
-    "  --queue-depth N         queries allowed to wait (default 16)\n"
+    "  --max-running N         requests running at once: prefilling, or decoding in the\n"
+    "                          batch of the device's one engine loop (default 16)\n"
+    "  --workers N             old name of --max-running (one engine loop computes for all;\n"
+    "                          nothing runs side by side)\n"
+    "  --queue-depth N         requests allowed to wait beyond --max-running; more are\n"
+    "                          refused with RESOURCE_EXHAUSTED (default 16)\n"
+    "  --max-kv-bytes N        KV cache bytes of running queries (default 4 GiB); a query that\n"
+    "                          would exceed it waits its turn, one larger is refused\n"
+    "                          (OUT_OF_RANGE)\n"
+    "  --max-batch-tokens N    query rows per piece of prefill work between two decode steps\n"
+    "                          (default 512): bounds the decode stall a long prefill causes\n"
     "  --threads N             torch CPU threads (default all cores)\n"
     "  --auth-token-file F     require 'authorization: Bearer <token in F>'\n"
     "  --tls-cert F --tls-key F  serve TLS\n"
@@ -84,7 +93,9 @@ absl::Status Apply(ServerOptions* o, const std::string& name, const std::string&
   else if (name == "max-chunks") return num(&o->max_chunks, 1);
   else if (name == "max-chunk-tokens") return num(&o->max_chunk_tokens, 1);
   else if (name == "max-new-tokens") return num(&o->max_new_tokens, 1);
-  else if (name == "workers") return num(&o->workers, 1);
+  else if (name == "workers" || name == "max-running") return num(&o->workers, 1);
+  else if (name == "max-kv-bytes") return num(&o->max_kv_bytes, 1);
+  else if (name == "max-batch-tokens") return num(&o->max_batch_tokens, 1);
   else if (name == "queue-depth") return num(&o->queue_depth, 0);
   else if (name == "threads") return num(&o->threads, 0);
   else if (name == "auth-token-file") o->auth_token_file = value;

@@ -29,8 +29,17 @@ struct ServerOptions {
   // more positions than the model's max_position_embeddings is refused
   // (OUT_OF_RANGE). true: it runs, and its report says so.
   bool allow_beyond_model_positions = false;
-  int workers = 2;       // queries computed at once
-  int queue_depth = 16;  // queries waiting for a worker; more = RESOURCE_EXHAUSTED
+  // Scheduler (server/scheduler.h): one engine loop for the device.
+  // Requests past the queue at once (prefilling or decoding in the batch):
+  // --max-running, or --workers, its old name (kept so existing configs and
+  // deploy files work; nothing computes side by side any more).
+  int workers = 16;
+  int queue_depth = 16;  // requests waiting beyond max_running; more = RESOURCE_EXHAUSTED
+  // KV cache bytes of running queries; a query that would exceed it waits
+  // (FIFO), one larger than it is refused (OUT_OF_RANGE).
+  int64_t max_kv_bytes = int64_t{4} << 30;
+  // Query rows per piece of prefill work between decode steps.
+  int64_t max_batch_tokens = 512;
   int threads = 0;       // torch intra-op threads, 0 = all cores
   std::string auth_token_file;  // non-empty: require "authorization: Bearer <token>"
   std::string tls_cert;         // PEM files; both or neither

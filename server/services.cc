@@ -226,35 +226,43 @@ grpc::Status IngestService::DoIngest(grpc::ServerContext* ctx, const v1::IngestR
     if (!checked.ok()) return ToGrpc(checked.status());
     ids[i] = *std::move(checked);
   }
-  if (absl::Status s = d_->admission->Acquire([ctx] { return ctx->IsCancelled(); }); !s.ok()) {
-    return ToGrpc(s);
-  }
-  AdmissionSlot slot(d_->admission);
-  for (int i = 0; i < req.chunks_size(); ++i) {
-    if (ctx->IsCancelled()) {
-      return grpc::Status(DeadlinePassed(ctx) ? grpc::StatusCode::DEADLINE_EXCEEDED
-                                              : grpc::StatusCode::CANCELLED,
-                          "ingest stopped");
-    }
-    v1::IngestResult* r = resp->add_results();
-    r->set_client_id(req.chunks(i).client_id());
-    absl::StatusOr<IngestOutcome> out = GuardedRun([&] {
-      return d_->resolver->Ingest(ids[i], mode);
-    });
-    if (!out.ok()) {
-      // The batch was validated up front, so this is the server's failure
-      // (disk full, I/O, engine): the whole call fails with a code the
-      // client can act on (RESOURCE_EXHAUSTED / UNAVAILABLE: retry; the
-      // chunks stored so far come back ALREADY_PRESENT).
-      return ToGrpc(absl::Status(out.status().code(),
-                                 absl::StrCat("chunks[", i, "]: ", out.status().message())));
-    }
-    r->set_chunk_key(out->key_hex);
-    r->set_n_tokens(static_cast<int32_t>(out->n_tokens));
-    r->set_status(out->already_present ? v1::CHUNK_STATUS_ALREADY_PRESENT : v1::CHUNK_STATUS_STORED);
-    if (!out->already_present && d_->metrics) d_->metrics->AddIngestTokens(out->n_tokens);
-  }
-  return grpc::Status::OK;
+  // The prefill runs on the scheduler's prefill thread, in FIFO order with
+  // the queries, never alongside the decode loop.
+  grpc::Status result = grpc::Status::OK;
+  absl::Status queued = d_->scheduler->RunExclusive(
+      [&]() -> absl::Status {
+        for (int i = 0; i < req.chunks_size(); ++i) {
+          if (ctx->IsCancelled()) {
+            result = grpc::Status(DeadlinePassed(ctx) ? grpc::StatusCode::DEADLINE_EXCEEDED
+                                                      : grpc::StatusCode::CANCELLED,
+                                  "ingest stopped");
+            return absl::OkStatus();
+          }
+          v1::IngestResult* r = resp->add_results();
+          r->set_client_id(req.chunks(i).client_id());
+          absl::StatusOr<IngestOutcome> out = GuardedRun([&] {
+            return d_->resolver->Ingest(ids[i], mode);
+          });
+          if (!out.ok()) {
+            // The batch was validated up front, so this is the server's failure
+            // (disk full, I/O, engine): the whole call fails with a code the
+            // client can act on (RESOURCE_EXHAUSTED / UNAVAILABLE: retry; the
+            // chunks stored so far come back ALREADY_PRESENT).
+            result = ToGrpc(absl::Status(out.status().code(),
+                                         absl::StrCat("chunks[", i, "]: ", out.status().message())));
+            return absl::OkStatus();
+          }
+          r->set_chunk_key(out->key_hex);
+          r->set_n_tokens(static_cast<int32_t>(out->n_tokens));
+          r->set_status(out->already_present ? v1::CHUNK_STATUS_ALREADY_PRESENT
+                                             : v1::CHUNK_STATUS_STORED);
+          if (!out->already_present && d_->metrics) d_->metrics->AddIngestTokens(out->n_tokens);
+        }
+        return absl::OkStatus();
+      },
+      [ctx] { return ctx->IsCancelled(); });
+  if (!queued.ok()) return ToGrpc(queued);
+  return result;
 }
 
 grpc::Status IngestService::Ingest(grpc::ServerContext* ctx, const v1::IngestRequest* req,
@@ -299,25 +307,29 @@ grpc::Status QueryService::Query(grpc::ServerContext* ctx, const v1::QueryReques
   if (s.ok()) s = ToSpec(*d_, *req, &spec);
   if (s.ok()) s = ToGrpc(d_->runner->Prepare(&spec));  // bounded; before queueing
   if (s.ok()) {
-    s = ToGrpc(d_->admission->Acquire([ctx] { return ctx->IsCancelled(); }));
-  }
-  if (s.ok()) {
-    AdmissionSlot slot(d_->admission);
     if (d_->metrics) d_->metrics->AddInflightStreams(1);
     bool write_failed = false;
-    out = GuardedRun([&] { return d_->runner->Run(spec, [&](int32_t id, std::string_view text) {
-      if (ctx->IsCancelled()) return false;
-      v1::QueryResponse msg;
-      msg.mutable_token()->set_id(id);
-      msg.mutable_token()->set_text(std::string(text));
-      if (!writer->Write(msg)) {
-        write_failed = true;
-        return false;
-      }
-      return true;
-    }); });
+    // Queued, prefilled and decoded (in the batch) by the scheduler; tokens
+    // come back to this thread, which writes them.
+    out = d_->scheduler->RunQuery(
+        spec,
+        [&](int32_t id, std::string_view text) {
+          if (ctx->IsCancelled()) return false;
+          v1::QueryResponse msg;
+          msg.mutable_token()->set_id(id);
+          msg.mutable_token()->set_text(std::string(text));
+          if (!writer->Write(msg)) {
+            write_failed = true;
+            return false;
+          }
+          return true;
+        },
+        [ctx] { return ctx->IsCancelled(); });
     if (d_->metrics) d_->metrics->AddInflightStreams(-1);
-    if (!out.ok()) {
+    if (!out.ok() && absl::IsCancelled(out.status()) && ctx->IsCancelled()) {
+      s = DeadlinePassed(ctx) ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded while queued")
+                              : grpc::Status(grpc::StatusCode::CANCELLED, "query cancelled by the client");
+    } else if (!out.ok()) {
       s = ToGrpc(out.status());
     } else if (out->cancelled || write_failed || ctx->IsCancelled()) {
       s = DeadlinePassed(ctx) ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded during decode")

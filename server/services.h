@@ -1,6 +1,6 @@
 // The gRPC services of infoflow.v1 (proto/infoflow/v1/infoflow.proto). Each
 // handler checks auth, validates and translates the request, calls the
-// ChunkResolver / QueryRunner / ChunkStore, translates the result back, and
+// Scheduler / ChunkResolver / QueryRunner / ChunkStore, translates the result back, and
 // logs one key=value line. No computation lives here.
 #ifndef INFOFLOW_SERVER_SERVICES_H_
 #define INFOFLOW_SERVER_SERVICES_H_
@@ -8,10 +8,10 @@
 #include <string>
 
 #include "infoflow/v1/infoflow.grpc.pb.h"
-#include "server/admission.h"
 #include "server/chunk_resolver.h"
 #include "server/metrics.h"
 #include "server/query_runner.h"
+#include "server/scheduler.h"
 #include "server/server_options.h"
 
 namespace infoflow::server {
@@ -24,7 +24,7 @@ struct ServiceDeps {
   const ChunkResolver* resolver = nullptr;
   const QueryRunner* runner = nullptr;
   Metrics* metrics = nullptr;  // may be null (no /metrics)
-  Admission* admission = nullptr;
+  Scheduler* scheduler = nullptr;  // runs every query and ingest batch
   const ServerOptions* options = nullptr;
   std::string auth_token;  // empty = no auth
   KvCodec kv_codec;        // how new chunk records are stored

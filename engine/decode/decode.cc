@@ -38,56 +38,87 @@ const char* StopReasonName(StopReason r) {
   return "unknown";
 }
 
+DecodeState::DecodeState(const DecodeOptions& options, const Tokenizer* tokenizer,
+                         int64_t next_position, int64_t max_positions, TokenCallback on_token)
+    : options_(options),
+      sampler_(options.sampling),
+      on_token_(std::move(on_token)),
+      next_position_(next_position),
+      max_positions_(max_positions) {
+  if (tokenizer) stream_ = std::make_unique<StreamingDecoder>(tokenizer, /*skip_special=*/true);
+  if (options_.max_new_tokens <= 0) Finish(StopReason::kMaxTokens);
+}
+
+DecodeState::~DecodeState() = default;
+
+std::optional<NextToken> DecodeState::Advance(const at::Tensor& logits) {
+  const int32_t id = sampler_.Sample(logits);
+  const std::vector<int32_t>& stop_ids = options_.stop_ids;
+  if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) {
+    Finish(StopReason::kStopId);
+    return std::nullopt;
+  }
+  result_.ids.push_back(id);
+  if (stream_) pending_ += stream_->Push(id);
+  bool stop_string = false;
+  for (const std::string& s : options_.stop_strings) {
+    const size_t at = s.empty() ? std::string::npos : pending_.find(s);
+    if (at != std::string::npos) {
+      pending_.resize(at);
+      stop_string = true;
+    }
+  }
+  const size_t emit =
+      stop_string ? pending_.size() : pending_.size() - HeldBack(pending_, options_.stop_strings);
+  const std::string out = pending_.substr(0, emit);
+  pending_.erase(0, emit);
+  result_.text += out;
+  if (on_token_ && !on_token_(id, out)) {
+    Cancel();
+    return std::nullopt;
+  }
+  if (stop_string) {  // ends without flushing: the stop string is not emitted
+    result_.stop_reason = StopReason::kStopString;
+    done_ = true;
+    return std::nullopt;
+  }
+  if (generated() == options_.max_new_tokens) {
+    Finish(StopReason::kMaxTokens);
+    return std::nullopt;
+  }
+  if (max_positions_ > 0 && next_position_ >= max_positions_) {
+    Finish(StopReason::kContextFull);
+    return std::nullopt;
+  }
+  return NextToken{id, next_position_++};
+}
+
+void DecodeState::Cancel() {
+  result_.stop_reason = StopReason::kCancelled;
+  done_ = true;
+}
+
+void DecodeState::Finish(StopReason reason) {
+  result_.stop_reason = reason;
+  done_ = true;
+  if (stream_) pending_ += stream_->Flush();
+  result_.text += pending_;
+  if (on_token_ && !pending_.empty()) on_token_(-1, pending_);
+  pending_.clear();
+}
+
 DecodeResult Decode(const Model& model, KvCache* cache, int64_t next_position,
                     const at::Tensor& logits_in, const DecodeOptions& options,
                     const Tokenizer* tokenizer, const TokenCallback& on_token) {
-  DecodeResult result;
-  Sampler sampler(options.sampling);
-  std::unique_ptr<StreamingDecoder> stream;
-  if (tokenizer) stream = std::make_unique<StreamingDecoder>(tokenizer, /*skip_special=*/true);
-  std::string pending;  // decoded text not yet handed to on_token
+  DecodeState state(options, tokenizer, next_position, model.config().max_position_embeddings,
+                    on_token);
   at::Tensor logits = logits_in;
-  const int64_t max_pos = model.config().max_position_embeddings;
-
-  for (int i = 0; i < options.max_new_tokens; ++i) {
-    const int32_t id = sampler.Sample(logits);
-    if (std::find(options.stop_ids.begin(), options.stop_ids.end(), id) != options.stop_ids.end()) {
-      result.stop_reason = StopReason::kStopId;
-      break;
-    }
-    result.ids.push_back(id);
-    if (stream) pending += stream->Push(id);
-    bool stop_string = false;
-    for (const std::string& s : options.stop_strings) {
-      const size_t at = s.empty() ? std::string::npos : pending.find(s);
-      if (at != std::string::npos) {
-        pending.resize(at);
-        stop_string = true;
-      }
-    }
-    const size_t emit = stop_string ? pending.size() : pending.size() - HeldBack(pending, options.stop_strings);
-    const std::string out = pending.substr(0, emit);
-    pending.erase(0, emit);
-    result.text += out;
-    if (on_token && !on_token(id, out)) {
-      result.stop_reason = StopReason::kCancelled;
-      return result;
-    }
-    if (stop_string) {
-      result.stop_reason = StopReason::kStopString;
-      return result;
-    }
-    if (i + 1 == options.max_new_tokens) break;
-    if (max_pos > 0 && next_position >= max_pos) {
-      result.stop_reason = StopReason::kContextFull;
-      break;
-    }
-    logits = PrefillTokens(model, {id}, next_position++, cache).logits;
+  while (!state.done()) {
+    std::optional<NextToken> next = state.Advance(logits);
+    if (!next) break;
+    logits = PrefillTokens(model, {next->id}, next->position, cache).logits;
   }
-  if (stream) pending += stream->Flush();
-  result.text += pending;
-  if (on_token && !pending.empty()) on_token(-1, pending);
-  return result;
+  return state.TakeResult();
 }
 
 }  // namespace infoflow

@@ -1,4 +1,11 @@
 // The generation loop: sample, stream, stop.
+//
+// DecodeState is one generation's sampling and stopping logic (sampler,
+// streaming detokenizer, stop ids, stop strings with held-back text, max
+// tokens, context limit, cancel), advanced one token at a time from that
+// request's next-token logits. Decode() drives it with Model::Forward for one
+// request; a serving loop drives many with Model::DecodeStep. Both share this
+// one implementation.
 #ifndef INFOFLOW_ENGINE_DECODE_DECODE_H_
 #define INFOFLOW_ENGINE_DECODE_DECODE_H_
 
@@ -6,6 +13,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,6 +25,7 @@
 
 namespace infoflow {
 
+class StreamingDecoder;
 class Tokenizer;
 
 struct DecodeOptions {
@@ -38,6 +48,57 @@ struct DecodeResult {
 // printable with it (possibly empty: half a UTF-8 character, or text held
 // back because it may begin a stop string). Return false to cancel.
 using TokenCallback = std::function<bool(int32_t id, std::string_view text)>;
+
+// A token to run through the model next: `id` at `position`.
+struct NextToken {
+  int32_t id = 0;
+  int64_t position = 0;
+};
+
+// Not thread-safe: one owner at a time (it may be handed between threads).
+class DecodeState {
+ public:
+  // The first token comes from the prefill's last logits and goes to
+  // `next_position`. `max_positions` (the model's max_position_embeddings;
+  // 0 = unbounded) ends generation with kContextFull. The tokenizer may be
+  // null (ids only; stop strings then never match); it and `on_token` must
+  // outlive the state.
+  DecodeState(const DecodeOptions& options, const Tokenizer* tokenizer, int64_t next_position,
+              int64_t max_positions, TokenCallback on_token);
+  ~DecodeState();
+  DecodeState(const DecodeState&) = delete;
+  DecodeState& operator=(const DecodeState&) = delete;
+
+  // Samples the next token from `logits` ([vocab] or [1, vocab]), streams
+  // its text to on_token and checks every stop condition. Returns the token
+  // the caller must run through the model (writing its K/V) to get the
+  // logits for the following call, or nullopt once generation has ended
+  // (then result() is final). Must not be called after done().
+  std::optional<NextToken> Advance(const at::Tensor& logits);
+
+  // Ends generation now with kCancelled (the client went away); nothing
+  // more is streamed.
+  void Cancel();
+
+  bool done() const { return done_; }
+  int generated() const { return static_cast<int>(result_.ids.size()); }
+  const DecodeResult& result() const { return result_; }
+  DecodeResult TakeResult() { return std::move(result_); }
+
+ private:
+  // Flushes held-back text (normal ends; not cancel or stop string).
+  void Finish(StopReason reason);
+
+  const DecodeOptions options_;
+  Sampler sampler_;
+  std::unique_ptr<StreamingDecoder> stream_;
+  TokenCallback on_token_;
+  std::string pending_;  // decoded text not yet handed to on_token
+  int64_t next_position_;
+  const int64_t max_positions_;
+  DecodeResult result_;
+  bool done_ = false;
+};
 
 // Generates after a prefill whose last-position logits are `logits`; the
 // next token goes to position `next_position`, appended to `cache`. The

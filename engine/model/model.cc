@@ -6,7 +6,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <vector>
+
+#include "engine/model/yield_point.h"
 
 namespace infoflow {
 namespace {
@@ -27,6 +31,23 @@ at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
   at::Tensor x2 = x.narrow(-1, half, half);
   at::Tensor rotated = at::cat({-x2, x1}, -1);
   return x * cos + rotated * sin;
+}
+
+// Runs f(first_row, n_rows) over [0, n) in blocks of at most YieldMaxRows()
+// rows (one block when no yield policy is installed), yielding between
+// blocks, and concatenates the results along dim 0. Every op f applies is
+// row-wise, so the blocks change only the size of each piece of work and the
+// BLAS summation order (a matmul over fewer rows may block its sums
+// differently; within 1e-4, pinned by a test).
+at::Tensor ByRowBlocks(int64_t n, const std::function<at::Tensor(int64_t, int64_t)>& f) {
+  const int64_t max_rows = YieldMaxRows();
+  if (max_rows <= 0 || n <= max_rows) return f(0, n);
+  std::vector<at::Tensor> parts;
+  for (int64_t r0 = 0; r0 < n; r0 += max_rows) {
+    if (r0 > 0) YieldPoint();
+    parts.push_back(f(r0, std::min(max_rows, n - r0)));
+  }
+  return at::cat(parts, 0);
 }
 
 }  // namespace
@@ -113,6 +134,7 @@ at::Tensor Model::Attention(const at::Tensor& q, const at::Tensor& k, const at::
     at::Tensor p = at::softmax(scores, 3);
     at::Tensor o = at::bmm(p.to(v.scalar_type()).view({n_kv, group * nb, nk}), vb);
     outs.push_back(o.view({n_kv, group, nb, hd}));
+    if (b0 + nb < n_q) YieldPoint();
     if (stats_out) {
       // Keys past nk are hidden from the whole block: probability 0 there.
       at::Tensor a = p.view({n_heads, nb, nk}).mean(0).to(at::kDouble).cpu();  // [nb, nk]
@@ -124,18 +146,17 @@ at::Tensor Model::Attention(const at::Tensor& q, const at::Tensor& k, const at::
   return out.reshape({n_heads, n_q, hd});
 }
 
-at::Tensor Model::Layer(int layer, const at::Tensor& h, const at::Tensor& positions,
-                        const std::pair<at::Tensor, at::Tensor>& rope, const at::Tensor& slots,
-                        KvCache* cache, const LayerTrace& trace) const {
+Model::Qkv Model::ProjectQkv(int layer, const at::Tensor& h,
+                             const std::pair<at::Tensor, at::Tensor>& rope,
+                             at::Tensor* unrotated_keys) const {
   const LayerWeights& w = weights_.layers[layer];
   const int64_t n_q = h.size(0);
   const int64_t n_heads = config_.num_attention_heads, n_kv = config_.num_key_value_heads;
   const int64_t hd = config_.head_dim;
   const double eps = config_.rms_norm_eps;
-
-  // Attention block.
-  at::Tensor x = RmsNorm(h, w.attn_norm, eps);
-  at::Tensor qkv = at::linear(x, w.wqkv, w.bqkv);
+  at::Tensor qkv = ByRowBlocks(n_q, [&](int64_t r0, int64_t n) {
+    return at::linear(RmsNorm(h.narrow(0, r0, n), w.attn_norm, eps), w.wqkv, w.bqkv);
+  });
   std::vector<at::Tensor> parts = qkv.split_with_sizes({n_heads * hd, n_kv * hd, n_kv * hd}, 1);
   at::Tensor q = parts[0].view({n_q, n_heads, hd});
   at::Tensor k = parts[1].view({n_q, n_kv, hd});
@@ -144,18 +165,69 @@ at::Tensor Model::Layer(int layer, const at::Tensor& h, const at::Tensor& positi
     q = RmsNorm(q, w.q_norm, eps);
     k = RmsNorm(k, w.k_norm, eps);
   }
-  q = ApplyRope(q.transpose(0, 1), rope.first, rope.second);  // [H, q, hd]
-  if (trace.unrotated_keys) *trace.unrotated_keys = k.transpose(0, 1).contiguous();
-  k = ApplyRope(k.transpose(0, 1), rope.first, rope.second);  // [Hkv, q, hd]
-  cache->WriteAt(layer, slots, k, v.transpose(0, 1));
-  at::Tensor attn = Attention(q, cache->keys(layer), cache->values(layer), positions,
-                              cache->positions(), trace.attention, cache->positions_sorted());
-  at::Tensor out = h + at::linear(attn.transpose(0, 1).reshape({n_q, n_heads * hd}), w.wo, w.bo);
+  Qkv out;
+  out.q = ApplyRope(q.transpose(0, 1), rope.first, rope.second);  // [H, q, hd]
+  if (unrotated_keys) *unrotated_keys = k.transpose(0, 1).contiguous();
+  out.k = ApplyRope(k.transpose(0, 1), rope.first, rope.second);  // [Hkv, q, hd]
+  out.v = v.transpose(0, 1);                                      // [Hkv, q, hd]
+  return out;
+}
 
-  // SwiGLU MLP block.
-  x = RmsNorm(out, w.mlp_norm, eps);
-  std::vector<at::Tensor> gate_up = at::linear(x, w.w_gate_up).chunk(2, -1);
-  return out + at::linear(at::silu(gate_up[0]) * gate_up[1], w.w_down);
+at::Tensor Model::OutputAndMlp(int layer, const at::Tensor& h, const at::Tensor& attn) const {
+  const LayerWeights& w = weights_.layers[layer];
+  const int64_t n_q = h.size(0);
+  const int64_t width = config_.num_attention_heads * config_.head_dim;
+  const double eps = config_.rms_norm_eps;
+  at::Tensor attn_rows = attn.transpose(0, 1).reshape({n_q, width});
+  return ByRowBlocks(n_q, [&](int64_t r0, int64_t n) {
+    at::Tensor out = h.narrow(0, r0, n) + at::linear(attn_rows.narrow(0, r0, n), w.wo, w.bo);
+    // SwiGLU MLP block.
+    at::Tensor x = RmsNorm(out, w.mlp_norm, eps);
+    std::vector<at::Tensor> gate_up = at::linear(x, w.w_gate_up).chunk(2, -1);
+    return out + at::linear(at::silu(gate_up[0]) * gate_up[1], w.w_down);
+  });
+}
+
+at::Tensor Model::Layer(int layer, const at::Tensor& h, const at::Tensor& positions,
+                        const std::pair<at::Tensor, at::Tensor>& rope, const at::Tensor& slots,
+                        KvCache* cache, const LayerTrace& trace) const {
+  Qkv p = ProjectQkv(layer, h, rope, trace.unrotated_keys);
+  cache->WriteAt(layer, slots, p.k, p.v);
+  at::Tensor attn = Attention(p.q, cache->keys(layer), cache->values(layer), positions,
+                              cache->positions(), trace.attention, cache->positions_sorted());
+  YieldPoint();
+  at::Tensor out = OutputAndMlp(layer, h, attn);
+  YieldPoint();
+  return out;
+}
+
+at::Tensor Model::DecodeStep(const at::Tensor& tokens_in, const at::Tensor& positions_in,
+                             const std::vector<KvCache*>& caches) const {
+  at::Tensor tokens = tokens_in.to(device_, at::kLong);
+  at::Tensor positions = positions_in.to(device_, at::kLong);
+  const int64_t batch = tokens.size(0);
+  // Row b's token goes to a new slot at the end of its own cache.
+  std::vector<at::Tensor> slots(batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t first = caches[b]->AppendPositions(positions.narrow(0, b, 1));
+    slots[b] = at::full({1}, first, tokens.options());
+  }
+  auto rope = RopeTables(positions);  // one row per request: its own position
+  at::Tensor h = Embed(tokens);       // [B, d]
+  for (int l = 0; l < n_layers(); ++l) {
+    Qkv p = ProjectQkv(l, h, rope, nullptr);  // one matmul over the B rows
+    std::vector<at::Tensor> attn(batch);
+    for (int64_t b = 0; b < batch; ++b) {
+      // Attention is per request, over its own cache only.
+      KvCache* cache = caches[b];
+      cache->WriteAt(l, slots[b], p.k.narrow(1, b, 1), p.v.narrow(1, b, 1));
+      attn[b] = Attention(p.q.narrow(1, b, 1), cache->keys(l), cache->values(l),
+                          positions.narrow(0, b, 1), cache->positions(), nullptr,
+                          cache->positions_sorted());
+    }
+    h = OutputAndMlp(l, h, batch == 1 ? attn[0] : at::cat(attn, 1));  // one matmul again
+  }
+  return Logits(h);
 }
 
 at::Tensor Model::Logits(const at::Tensor& hidden) const {

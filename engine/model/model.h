@@ -9,6 +9,10 @@
 // K/V are written into `cache` at `slots`, then each token attends to every
 // cache entry whose position <= its own position. Prefill, decode, scoring and
 // selective recompute are all this call with different slots and positions.
+// DecodeStep is its batched form for serving: one new token for each of B
+// requests, each with its own cache. Long work calls YieldPoint()
+// (engine/model/yield_point.h) between bounded pieces so a serving loop can
+// interleave it with decode steps.
 #ifndef INFOFLOW_ENGINE_MODEL_MODEL_H_
 #define INFOFLOW_ENGINE_MODEL_MODEL_H_
 
@@ -133,6 +137,18 @@ class Model {
                    KvCache* cache, const LayerTrace& trace = {}) const;
   at::Tensor Logits(const at::Tensor& hidden) const;  // final norm + LM head
 
+  // One decode step for B independent requests (continuous batching): token
+  // b (tokens [B] int64) at positions[b] is appended to caches[b] (B
+  // distinct caches). The norms, QKV projection, o_proj, MLP and LM head run
+  // as one matmul over the B rows; RoPE uses each row's own position; K/V go
+  // to each request's own cache and each row attends over its own cache
+  // only. Returns logits [B, vocab] f32. Row b equals Forward of that token
+  // alone on caches[b] up to BLAS summation order (a matmul over B rows may
+  // sum in another order than over 1 row): within 1e-4, pinned by a test.
+  // Same thread-safety as Forward: the caches must not be used elsewhere.
+  at::Tensor DecodeStep(const at::Tensor& tokens, const at::Tensor& positions,
+                        const std::vector<KvCache*>& caches) const;
+
   // Applies RoPE at `positions` to k ([n_heads, T, hd]); used to place
   // pre-RoPE stored keys at global positions.
   at::Tensor Rotate(const at::Tensor& k, const at::Tensor& positions) const;
@@ -150,6 +166,18 @@ class Model {
                               AttentionColumnStats* stats_out, bool keys_sorted = false);
 
  private:
+  // A layer's attention inputs for hidden states h [q, d]: RMSNorm, fused
+  // QKV projection, Qwen3 q/k norms, RoPE. q [H, q, hd]; k (rotated), v
+  // [Hkv, q, hd]. `unrotated_keys` (if non-null) gets K before RoPE.
+  struct Qkv {
+    at::Tensor q, k, v;
+  };
+  Qkv ProjectQkv(int layer, const at::Tensor& h, const std::pair<at::Tensor, at::Tensor>& rope,
+                 at::Tensor* unrotated_keys) const;
+  // The rest of a layer after attention: h + o_proj(attn), then the SwiGLU
+  // MLP block. attn [H, q, hd]; returns [q, d].
+  at::Tensor OutputAndMlp(int layer, const at::Tensor& h, const at::Tensor& attn) const;
+
   ModelConfig config_;
   ModelWeights weights_;
   c10::Device device_;

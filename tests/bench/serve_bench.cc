@@ -10,16 +10,28 @@
 //  and, for 1., the service overhead: client-observed TTFT through gRPC vs the
 //  engine's RunQuery called in this process on the same chunk KVs, prompt and
 //  method (interleaved run by run);
-//  3. concurrency: QPS and p50/p95/p99 client TTFT at 1, 4, 16 streams.
+//  3. concurrency, closed loop, INFOFLOW r=0.15 at --conc-context, at each
+//     of --streams, for two mixes in the same run: prefill-heavy
+//     (max_new_tokens 1) and decode-heavy (max_new_tokens --decode-tokens):
+//     QPS, generated tokens/s, p50/p95/p99 client TTFT, inter-token p50/p99;
+//  4. decode under a long prefill: one stream decoding (--decode-tokens per
+//     query) alone, then while another client runs FULL prefills of
+//     --prefill-context tokens back to back: inter-token p50/p99 of each.
 //
 //   serve_bench [--out DIR] [--contexts 1024,2048,4096,8192] [--reps 5]
 //               [--threads N] [--model DIR] [--chunk-tokens 512]
 //               [--streams 1,4,16] [--seconds 10] [--conc-context 1024]
-//               [--workers 2] [--server BIN]
+//               [--decode-tokens 64] [--prefill-context 8192] [--ttft true]
+//               [--workers 16] [--server BIN]
 //
+// --workers is passed to the server (--max-running on today's server; the
+// number of requests computing side by side on servers before the
+// scheduler). --ttft false skips 1. (and the in-process side of 2.).
 // Without --model it writes the generated 6-layer, 512-wide LLaMA of
 // engine_bench (GQA 8/4, SwiGLU 1408, vocab 2048). Writes ttft_runs.csv,
-// ttft_summary.csv, ingest.csv, concurrency.csv and ttft.svg into --out.
+// ttft_summary.csv, ingest.csv, concurrency.csv, interference.csv and
+// ttft.svg into --out; tests/bench/plot_concurrency.sh plots concurrency.csv
+// files (PNG + SVG).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -102,10 +114,13 @@ struct MethodRow {
 struct Run {
   double ttft_ms = 0, client_ms = 0;
   v1::Report report;
+  std::vector<double> gaps_ms;  // client-observed time between consecutive tokens
+  int tokens = 0;
 };
 
 absl::StatusOr<Run> QueryOnce(client::Client& c, const std::vector<std::string>& keys,
-                              const MethodRow& m, const std::string& question) {
+                              const MethodRow& m, const std::string& question,
+                              int max_new_tokens = 1) {
   v1::QueryRequest req;
   for (const auto& k : keys) req.add_chunks()->set_key(k);
   req.set_question(question);
@@ -114,14 +129,21 @@ absl::StatusOr<Run> QueryOnce(client::Client& c, const std::vector<std::string>&
   req.mutable_ratio()->set_value(0.15);
   req.set_reorder(m.reorder);
   req.set_lego_k(4);
-  req.set_max_new_tokens(1);
+  req.set_max_new_tokens(max_new_tokens);
   req.set_return_report(true);
   Run run;
   const auto t0 = Clock::now();
-  bool first = true;
-  auto rep = c.Query(req, [&](const v1::TokenEvent&) {
-    if (first) run.client_ms = Ms(Clock::now() - t0);
-    first = false;
+  Clock::time_point last;
+  auto rep = c.Query(req, [&](const v1::TokenEvent& e) {
+    const auto now = Clock::now();
+    if (e.id() < 0) return;  // held-back text flushed at the end, not a token
+    if (run.tokens == 0) {
+      run.client_ms = Ms(now - t0);
+    } else {
+      run.gaps_ms.push_back(Ms(now - last));
+    }
+    last = now;
+    ++run.tokens;
   });
   if (!rep.ok()) return rep.status();
   run.report = *rep;
@@ -233,15 +255,19 @@ void WriteSvg(const std::string& path, const std::vector<int64_t>& contexts,
 int Main(int argc, char** argv) {
   std::string out_dir = "serve_bench_out", model_dir, server_bin = INFOFLOW_SERVER_BIN;
   std::vector<int64_t> contexts = {1024, 2048, 4096, 8192}, streams = {1, 4, 16};
-  int reps = 5, threads = 0, workers = 2;
-  int64_t chunk_tokens = 512, conc_context = 1024;
+  int reps = 5, threads = 0, workers = 16, decode_tokens = 64;
+  int64_t chunk_tokens = 512, conc_context = 1024, prefill_context = 8192;
+  bool ttft_section = true;
   double seconds = 10;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     if (f == "--help" || f == "-h" || i + 1 >= argc) {
       std::printf("usage: serve_bench [--out DIR] [--contexts 1024,2048,4096,8192] [--reps 5]\n"
                   "  [--threads N] [--model DIR] [--chunk-tokens 512] [--streams 1,4,16]\n"
-                  "  [--seconds 10] [--conc-context 1024] [--workers 2] [--server BIN]\n");
+                  "  [--seconds 10] [--conc-context 1024] [--decode-tokens 64]\n"
+                  "  [--prefill-context 8192] [--ttft true|false] [--workers 16] [--server BIN]\n"
+                  "--workers is passed to the server (--max-running; before the scheduler:\n"
+                  "requests computing side by side). See the file comment for the sections.\n");
       return f == "--help" || f == "-h" ? 0 : 2;
     }
     const std::string v = argv[++i];
@@ -255,6 +281,9 @@ int Main(int argc, char** argv) {
     else if (f == "--seconds") seconds = std::atof(v.c_str());
     else if (f == "--conc-context") conc_context = std::atoll(v.c_str());
     else if (f == "--workers") workers = std::atoi(v.c_str());
+    else if (f == "--decode-tokens") decode_tokens = std::max(2, std::atoi(v.c_str()));
+    else if (f == "--prefill-context") prefill_context = std::atoll(v.c_str());
+    else if (f == "--ttft") ttft_section = v == "true";
     else if (f == "--server") server_bin = v;
     else {
       std::fprintf(stderr, "serve_bench: unknown flag %s (see --help)\n", f.c_str());
@@ -294,7 +323,9 @@ int Main(int argc, char** argv) {
        "--queue-depth=" + std::to_string(std::max<int64_t>(16, max_stream + 4)),
        "--store-sync=false", "--max-chunks=1024", "--ram-bytes=" + std::to_string(2ull << 30),
        "--max-chunk-tokens=" + std::to_string(std::max<int64_t>(2048, 2 * chunk_tokens)),
-       "--max-context-tokens=" + std::to_string(contexts.back() + 2 * chunk_tokens + 512)});
+       "--max-new-tokens=" + std::to_string(std::max(512, decode_tokens)),
+       "--max-context-tokens=" +
+           std::to_string(std::max(contexts.back(), prefill_context) + 2 * chunk_tokens + 512)});
   std::string err;
   const auto start_t0 = Clock::now();
   if (!srv.Start(&err, std::chrono::seconds(300))) {
@@ -327,7 +358,7 @@ int Main(int argc, char** argv) {
   std::vector<std::string> texts;
   std::vector<std::vector<int32_t>> ids;
   int64_t pool_tokens = 0;
-  const int64_t need = std::max(contexts.back(), conc_context) + chunk_tokens;
+  const int64_t need = std::max({contexts.back(), conc_context, prefill_context}) + chunk_tokens;
   for (uint32_t i = 0; pool_tokens < need; ++i) {
     texts.push_back(Words(words, 1000 + i));
     ids.push_back((*tok)->Encode(texts.back()));
@@ -377,7 +408,7 @@ int Main(int argc, char** argv) {
   }
   std::unique_ptr<Model> model = *std::move(loaded);
   std::vector<std::shared_ptr<const ChunkKv>> kvs;
-  {
+  if (ttft_section) {
     (void)PrefillChunk(*model, ids[0], PrefixMode::kBos);  // warm-up
     const auto t0 = Clock::now();
     for (const auto& one : ids) {
@@ -437,7 +468,7 @@ int Main(int argc, char** argv) {
              "recompute_ms,prompt_ms,first_token_ms,recomputed_tokens,inprocess_ttft_ms_median,"
              "grpc_overhead\n";
   std::map<std::pair<int64_t, std::string>, double> ttft_median;
-  for (int64_t context : contexts) {
+  for (int64_t context : ttft_section ? contexts : std::vector<int64_t>{}) {
     const std::vector<std::string> k = keys_for(context);
     const std::vector<std::shared_ptr<const ChunkKv>> kv_in = kvs_for(context);
     std::printf("\ncontext %lld (target) in %zu chunks, median of %d (+1 warm-up), max_new_tokens 1\n",
@@ -502,61 +533,135 @@ int Main(int argc, char** argv) {
       sum_csv << "," << recomputed << "," << Median(inproc) << "," << overhead << "\n";
     }
   }
-  WriteSvg(out_dir + "/ttft.svg", contexts, methods, ttft_median);
+  if (ttft_section) WriteSvg(out_dir + "/ttft.svg", contexts, methods, ttft_median);
 
-  // ---- 3. concurrency: INFOFLOW r=0.15 at conc_context, client TTFT.
+  // ---- 3. concurrency: INFOFLOW r=0.15 at conc_context, closed loop, two mixes.
   std::ofstream conc_csv(out_dir + "/concurrency.csv");
-  conc_csv << "streams,seconds,completed,resource_exhausted,errors,qps,p50_ms,p95_ms,p99_ms,"
-              "server_ttft_p50_ms\n";
+  conc_csv << "mix,max_new_tokens,streams,seconds,completed,resource_exhausted,errors,qps,"
+              "tokens_per_s,p50_ms,p95_ms,p99_ms,server_ttft_p50_ms,itl_p50_ms,itl_p99_ms\n";
   const std::vector<std::string> ck = keys_for(conc_context);
-  std::printf("\nconcurrency: INFOFLOW r=0.15, context %lld, max_new_tokens 1, %.0f s per level, "
-              "server --workers %d\n",
-              static_cast<long long>(conc_context), seconds, workers);
-  std::printf("%8s %9s %8s %6s %8s %9s %9s %9s %11s\n", "streams", "completed", "exhausted",
-              "errors", "QPS", "p50 ms", "p95 ms", "p99 ms", "server p50");
-  for (int64_t n : streams) {
-    std::mutex mu;
-    std::vector<double> lat, server_ttft;
-    std::atomic<int64_t> exhausted{0}, errors{0};
-    const auto t0 = Clock::now();
-    const auto until = t0 + std::chrono::duration_cast<Clock::duration>(
-                                std::chrono::duration<double>(seconds));
-    std::vector<std::thread> th;
-    for (int64_t s = 0; s < n; ++s) {
-      th.emplace_back([&] {
-        client::ClientOptions o = co;
-        o.timeout_ms = 120000;
-        client::Client cc(o);
-        while (Clock::now() < until) {
-          auto r = QueryOnce(cc, ck, methods[2], question);
-          if (r.ok()) {
-            std::lock_guard<std::mutex> l(mu);
-            lat.push_back(r->client_ms);
-            server_ttft.push_back(r->ttft_ms);
-          } else if (absl::IsResourceExhausted(r.status())) {
-            ++exhausted;
-            std::this_thread::sleep_for(std::chrono::milliseconds(5));
-          } else {
-            ++errors;
+  int64_t ck_tokens = 0;
+  for (size_t i = 0; i < ck.size(); ++i) ck_tokens += static_cast<int64_t>(ids[i].size());
+  struct Mix {
+    const char* name;
+    int max_new_tokens;
+  };
+  for (const Mix& mix : {Mix{"prefill-heavy", 1}, Mix{"decode-heavy", decode_tokens}}) {
+    std::printf("\nconcurrency, %s: INFOFLOW r=0.15, %zu chunks (%lld context tokens), "
+                "max_new_tokens %d, %.0f s per level, server --workers %d\n",
+                mix.name, ck.size(), static_cast<long long>(ck_tokens), mix.max_new_tokens,
+                seconds, workers);
+    std::printf("%8s %9s %8s %6s %8s %9s %9s %9s %9s %11s %9s %9s\n", "streams", "completed",
+                "exhausted", "errors", "QPS", "tokens/s", "p50 ms", "p95 ms", "p99 ms",
+                "server p50", "ITL p50", "ITL p99");
+    for (int64_t n : streams) {
+      std::mutex mu;
+      std::vector<double> lat, server_ttft, gaps;
+      int64_t tokens = 0;
+      std::atomic<int64_t> exhausted{0}, errors{0};
+      const auto t0 = Clock::now();
+      const auto until = t0 + std::chrono::duration_cast<Clock::duration>(
+                                  std::chrono::duration<double>(seconds));
+      std::vector<std::thread> th;
+      for (int64_t s = 0; s < n; ++s) {
+        th.emplace_back([&] {
+          client::ClientOptions o = co;
+          o.timeout_ms = 300000;
+          client::Client cc(o);
+          while (Clock::now() < until) {
+            auto r = QueryOnce(cc, ck, methods[2], question, mix.max_new_tokens);
+            if (r.ok()) {
+              std::lock_guard<std::mutex> l(mu);
+              lat.push_back(r->client_ms);
+              server_ttft.push_back(r->ttft_ms);
+              gaps.insert(gaps.end(), r->gaps_ms.begin(), r->gaps_ms.end());
+              tokens += r->tokens;
+            } else if (absl::IsResourceExhausted(r.status())) {
+              ++exhausted;
+              std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            } else {
+              ++errors;
+            }
           }
-        }
-      });
+        });
+      }
+      for (auto& t : th) t.join();
+      const double secs = Ms(Clock::now() - t0) / 1e3;
+      const double qps = lat.size() / secs;
+      std::printf("%8lld %9zu %8lld %6lld %8.2f %9.1f %9.1f %9.1f %9.1f %11.1f %9.1f %9.1f\n",
+                  static_cast<long long>(n), lat.size(), static_cast<long long>(exhausted.load()),
+                  static_cast<long long>(errors.load()), qps, tokens / secs, Quantile(lat, 0.5),
+                  Quantile(lat, 0.95), Quantile(lat, 0.99), Quantile(server_ttft, 0.5),
+                  Quantile(gaps, 0.5), Quantile(gaps, 0.99));
+      std::fflush(stdout);
+      conc_csv << mix.name << "," << mix.max_new_tokens << "," << n << "," << secs << ","
+               << lat.size() << "," << exhausted.load() << "," << errors.load() << "," << qps
+               << "," << tokens / secs << "," << Quantile(lat, 0.5) << ","
+               << Quantile(lat, 0.95) << "," << Quantile(lat, 0.99) << ","
+               << Quantile(server_ttft, 0.5) << "," << Quantile(gaps, 0.5) << ","
+               << Quantile(gaps, 0.99) << std::endl;
     }
-    for (auto& t : th) t.join();
-    const double secs = Ms(Clock::now() - t0) / 1e3;
-    const double qps = lat.size() / secs;
-    std::printf("%8lld %9zu %8lld %6lld %8.2f %9.1f %9.1f %9.1f %11.1f\n", static_cast<long long>(n),
-                lat.size(), static_cast<long long>(exhausted.load()),
-                static_cast<long long>(errors.load()), qps, Quantile(lat, 0.5),
-                Quantile(lat, 0.95), Quantile(lat, 0.99), Quantile(server_ttft, 0.5));
-    conc_csv << n << "," << secs << "," << lat.size() << "," << exhausted.load() << ","
-             << errors.load() << "," << qps << "," << Quantile(lat, 0.5) << ","
-             << Quantile(lat, 0.95) << "," << Quantile(lat, 0.99) << ","
-             << Quantile(server_ttft, 0.5) << "\n";
+  }
+
+  // ---- 4. inter-token time of one decoding stream, idle vs under long prefills.
+  {
+    const std::vector<std::string> pk = keys_for(prefill_context);
+    int64_t pk_tokens = 0;
+    for (size_t i = 0; i < pk.size(); ++i) pk_tokens += static_cast<int64_t>(ids[i].size());
+    std::ofstream icsv(out_dir + "/interference.csv");
+    icsv << "condition,prefill_context_tokens,prefills,decode_tokens,itl_p50_ms,itl_p99_ms,"
+            "itl_max_ms\n";
+    std::printf("\ndecode under prefill: 1 stream INFOFLOW max_new_tokens %d over %lld context "
+                "tokens; concurrent FULL prefills of %lld tokens\n",
+                decode_tokens, static_cast<long long>(ck_tokens),
+                static_cast<long long>(pk_tokens));
+    std::printf("%-22s %9s %9s %9s %9s %9s\n", "condition", "prefills", "tokens", "ITL p50",
+                "ITL p99", "ITL max");
+    const MethodRow full = methods[0];
+    for (bool with_prefill : {false, true}) {
+      std::atomic<bool> stop{false};
+      std::atomic<int> prefills{0};
+      std::thread prefiller;
+      if (with_prefill) {
+        prefiller = std::thread([&] {
+          client::ClientOptions o = co;
+          o.timeout_ms = 300000;
+          client::Client pc(o);
+          while (!stop.load()) {
+            if (QueryOnce(pc, pk, full, question, 1).ok()) ++prefills;
+          }
+        });
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // it is prefilling
+      }
+      std::vector<double> gaps;
+      int64_t tokens = 0;
+      const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                            std::chrono::duration<double>(seconds));
+      client::ClientOptions o = co;
+      o.timeout_ms = 300000;
+      client::Client dc(o);
+      while (Clock::now() < until || gaps.empty()) {
+        auto r = QueryOnce(dc, ck, methods[2], question, decode_tokens);
+        if (!r.ok()) break;
+        gaps.insert(gaps.end(), r->gaps_ms.begin(), r->gaps_ms.end());
+        tokens += r->tokens;
+      }
+      stop = true;
+      if (prefiller.joinable()) prefiller.join();
+      const char* name = with_prefill ? "under 8K prefills" : "idle";
+      std::printf("%-22s %9d %9lld %9.1f %9.1f %9.1f\n", name, prefills.load(),
+                  static_cast<long long>(tokens), Quantile(gaps, 0.5), Quantile(gaps, 0.99),
+                  Quantile(gaps, 1.0));
+      std::fflush(stdout);
+      icsv << (with_prefill ? "prefill" : "idle") << "," << pk_tokens << "," << prefills.load()
+           << "," << tokens << "," << Quantile(gaps, 0.5) << "," << Quantile(gaps, 0.99) << ","
+           << Quantile(gaps, 1.0) << std::endl;
+    }
   }
   const int rc = srv.Stop();
   fs::remove_all(data_dir);
-  std::printf("\nwrote %s/{ttft_runs.csv,ttft_summary.csv,ingest.csv,concurrency.csv,ttft.svg}\n",
+  std::printf("\nwrote %s/{ttft_runs.csv,ttft_summary.csv,ingest.csv,concurrency.csv,"
+              "interference.csv,ttft.svg}\n",
               out_dir.c_str());
   return rc == 0 ? 0 : 1;
 }

@@ -21,6 +21,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -824,6 +825,148 @@ TEST_F(ServerTest, BusyServerAnswersResourceExhausted) {
     if (!ok) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   EXPECT_TRUE(ok);
+}
+
+// Continuous batching computes what each request computes alone: 16
+// concurrent queries with different contexts, methods, lengths and stop
+// conditions get the same greedy ids, text and stop reason as their solo
+// runs (docs/DESIGN.md, "Serving": batched matmuls may sum in another order,
+// logits within 1e-4 -- pinned in tests/engine/batch_decode_test.cc).
+TEST_F(ServerTest, SixteenConcurrentQueriesEqualTheirSoloRuns) {
+  h_.options.workers = 16;
+  h_.options.queue_depth = 16;
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  std::vector<std::string> keys = IngestKeys();
+  {
+    grpc::ClientContext ctx;
+    v1::IngestRequest more;
+    for (const char* t : {"Bob parks his red bicycle behind the old library every morning.",
+                          "The bakery on Elm Street sells bread until seven in the evening.",
+                          "A storm closed the northern pass for three days last winter."}) {
+      more.add_chunks()->set_text(t);
+    }
+    v1::IngestResponse resp;
+    ASSERT_TRUE(h_.ingest->Ingest(&ctx, more, &resp).ok());
+    for (const auto& r : resp.results()) keys.push_back(r.chunk_key());
+  }
+  const v1::Method methods[] = {v1::METHOD_FULL,       v1::METHOD_NONE, v1::METHOD_INFOFLOW,
+                                v1::METHOD_INFOFLOW,   v1::METHOD_CACHEBLEND, v1::METHOD_EPIC,
+                                v1::METHOD_RANDOM};
+  constexpr int kQueries = 16;
+  std::vector<v1::QueryRequest> reqs;
+  for (int i = 0; i < kQueries; ++i) {
+    // Contexts: 2..6 chunks starting at a different key each time.
+    std::vector<std::string> k;
+    for (int j = 0; j < 2 + i % 5; ++j) k.push_back(keys[(i + j) % keys.size()]);
+    v1::QueryRequest q = QueryByKeys(k, methods[i % 7]);
+    q.set_reorder(i % 7 == 3);
+    q.set_max_new_tokens(4 + (i * 7) % 37);
+    q.set_question(i % 2 ? kQuestion : "Which day was the meeting moved to?");
+    reqs.push_back(q);
+  }
+  // Stop strings that cut some generations short: a piece of their solo text.
+  for (int i = 1; i < kQueries; i += 4) {
+    QueryCall probe = RunQueryRpc(h_.query.get(), reqs[i]);
+    ASSERT_TRUE(probe.status.ok()) << probe.status.error_message();
+    if (probe.text.size() > 6) reqs[i].add_stop(probe.text.substr(probe.text.size() / 2, 2));
+  }
+  std::vector<QueryCall> solo;
+  for (const auto& q : reqs) {
+    solo.push_back(RunQueryRpc(h_.query.get(), q));
+    ASSERT_TRUE(solo.back().status.ok()) << solo.back().status.error_message();
+  }
+  std::vector<QueryCall> together(kQueries);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kQueries; ++i) {
+    threads.emplace_back([&, i] {
+      ++ready;
+      while (ready.load() < kQueries) std::this_thread::yield();
+      together[i] = RunQueryRpc(h_.query.get(), reqs[i]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  int stopped_by_string = 0;
+  for (int i = 0; i < kQueries; ++i) {
+    ASSERT_TRUE(together[i].status.ok()) << i << ": " << together[i].status.error_message();
+    EXPECT_EQ(together[i].ids, solo[i].ids) << "query " << i;
+    EXPECT_EQ(together[i].text, solo[i].text) << "query " << i;
+    EXPECT_EQ(together[i].report.stop_reason(), solo[i].report.stop_reason()) << "query " << i;
+    EXPECT_EQ(together[i].report.recomputed_tokens(), solo[i].report.recomputed_tokens());
+    stopped_by_string += solo[i].report.stop_reason() == "stop_string";
+  }
+  EXPECT_GE(stopped_by_string, 1);
+  if (!HaveTool("curl")) GTEST_SKIP() << "curl not installed (batch size not checked)";
+  const std::string body = RunCommand("curl -sf http://127.0.0.1:" +
+                                      std::to_string(h_.server->metrics_port()) + "/metrics");
+  // Some decode step ran more than one request: sum of batch sizes > steps.
+  auto value = [&](const std::string& name) {
+    const size_t at = body.find("\n" + name + " ");
+    return at == std::string::npos ? -1.0 : std::stod(body.substr(at + name.size() + 2));
+  };
+  EXPECT_GT(value("infoflow_batch_size_sum"), value("infoflow_batch_size_count")) << body;
+  EXPECT_EQ(value("infoflow_running_requests"), 0);
+  EXPECT_EQ(value("infoflow_waiting_requests"), 0);
+  EXPECT_GT(value("infoflow_inter_token_seconds_count"), 0);
+  EXPECT_GT(value("infoflow_queue_wait_seconds_count"), 0);
+}
+
+// FIFO: with one running slot, queued requests start in arrival order, and a
+// cancelled running request frees its slot for the next.
+TEST_F(ServerTest, QueuedQueriesRunInArrivalOrderAfterACancel) {
+  h_.options.workers = 1;
+  h_.options.queue_depth = 8;
+  h_.options.max_new_tokens = 3000;
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  std::vector<std::string> keys = IngestKeys();
+  v1::QueryRequest longq = QueryByKeys(keys, v1::METHOD_NONE);
+  longq.set_max_new_tokens(3000);
+  longq.mutable_sampling()->set_temperature(1.0);
+  grpc::ClientContext ctx;
+  auto reader = h_.query->Query(&ctx, longq);
+  v1::QueryResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));  // running now, holding the only slot
+  std::mutex mu;
+  std::vector<int> finished;
+  std::vector<std::thread> waiting;
+  for (int i = 0; i < 4; ++i) {
+    waiting.emplace_back([&, i] {
+      QueryCall c = RunQueryRpc(h_.query.get(), QueryByKeys(keys, v1::METHOD_NONE));
+      EXPECT_TRUE(c.status.ok()) << c.status.error_message();
+      std::lock_guard<std::mutex> l(mu);
+      finished.push_back(i);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));  // arrive in order
+  }
+  {
+    std::lock_guard<std::mutex> l(mu);
+    EXPECT_TRUE(finished.empty()) << "a queued query ran while the slot was held";
+  }
+  ctx.TryCancel();
+  while (reader->Read(&msg)) {
+  }
+  const grpc::Status st = reader->Finish();
+  for (auto& t : waiting) t.join();
+  if (st.ok()) GTEST_SKIP() << "long query finished early (sampled EOS)";
+  EXPECT_EQ(st.error_code(), grpc::CANCELLED);
+  EXPECT_EQ(finished, (std::vector<int>{0, 1, 2, 3}));
+}
+
+// A query whose KV cache could never fit --max-kv-bytes is refused up front,
+// naming the limit; smaller ones still run.
+TEST_F(ServerTest, QueryLargerThanKvBudgetIsRefused) {
+  h_.options.max_kv_bytes = 64 << 10;  // the test model: 1 KiB per position
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  std::vector<std::string> keys = IngestKeys();
+  v1::QueryRequest big = QueryByKeys(keys, v1::METHOD_NONE);
+  big.set_max_new_tokens(100);
+  QueryCall refused = RunQueryRpc(h_.query.get(), big);
+  EXPECT_EQ(refused.status.error_code(), grpc::OUT_OF_RANGE);
+  EXPECT_NE(refused.status.error_message().find("--max-kv-bytes"), std::string::npos)
+      << refused.status.error_message();
+  v1::QueryRequest small = QueryByKeys({keys[0]}, v1::METHOD_NONE);
+  small.set_max_new_tokens(2);
+  EXPECT_TRUE(RunQueryRpc(h_.query.get(), small).status.ok());
 }
 
 TEST_F(ServerTest, MetricsPassPromtoolAndPrometheusScrapes) {

@@ -1,0 +1,92 @@
+// Scheduler: the one engine loop of the server's device (docs/DESIGN.md,
+// "Serving: one scheduler per device").
+//
+// Requests (queries and ingest batches) enter one FIFO queue. Two threads
+// share the device, and exactly one of them computes at any time (a "device
+// baton"), so the device's threads are never oversubscribed:
+//  - the prefill thread takes requests in FIFO order, one at a time, and runs
+//    their prefill-side work (chunk fetch, reposition, scoring, recompute,
+//    prompt prefill; or an ingest batch) under a yield policy
+//    (engine/model/yield_point.h): between pieces of at most
+//    `max_batch_tokens` query rows it hands the device to the decode loop
+//    for one step when any request is decoding, then continues;
+//  - the decode loop advances every query in its decode phase by one token
+//    per step with one batched forward (Model::DecodeStep). Queries join
+//    after their prefill and leave when they finish, are cancelled or pass
+//    their deadline; their KV cache is freed at once.
+// Admission: at most `max_running` requests past the queue (prefilling or
+// decoding), at most `queue_depth` more waiting (past that:
+// RESOURCE_EXHAUSTED at once), and the KV bytes of running queries within
+// `max_kv_bytes` (a query that would exceed it waits, in FIFO order; one that
+// could never fit is refused with OUT_OF_RANGE naming --max-kv-bytes).
+//
+// Thread-safe: every public method may be called from any gRPC thread.
+#ifndef INFOFLOW_SERVER_SCHEDULER_H_
+#define INFOFLOW_SERVER_SCHEDULER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/query_runner.h"
+
+namespace infoflow {
+class Model;
+}
+
+namespace infoflow::server {
+
+class Metrics;
+
+struct SchedulerOptions {
+  int max_running = 16;    // requests prefilling or decoding at once
+  int queue_depth = 16;    // requests waiting beyond that
+  int64_t max_kv_bytes = int64_t{4} << 30;  // KV cache bytes of running queries
+  int64_t max_batch_tokens = 512;           // query rows per piece of prefill work
+};
+
+class Scheduler {
+ public:
+  // `model`, `runner` and `metrics` (may be null) must outlive the
+  // scheduler. Starts the prefill thread and the decode loop.
+  Scheduler(const Model* model, const QueryRunner* runner, Metrics* metrics,
+            const SchedulerOptions& options);
+  // Stops both threads; requests still queued fail with UNAVAILABLE.
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Runs a Prepare'd query to completion, calling `sink` on the caller's
+  // thread for each token (return false to cancel). `cancelled` is polled
+  // while waiting (client gone or deadline passed): a queued query then
+  // leaves the queue (CANCELLED), a running one stops at the next step and
+  // frees its cache. Errors: RESOURCE_EXHAUSTED (queue full), OUT_OF_RANGE
+  // (KV larger than --max-kv-bytes), UNAVAILABLE (shutting down), and
+  // QueryRunner::Prefill's.
+  absl::StatusOr<QueryOutcome> RunQuery(const QuerySpec& spec, const TokenSink& sink,
+                                        const std::function<bool()>& cancelled);
+
+  // Runs `work` on the prefill thread, in FIFO order with the queries'
+  // prefills and under the same yield policy (ingest). Blocks until done.
+  // RESOURCE_EXHAUSTED when the queue is full, CANCELLED when `cancelled()`
+  // turned true while queued.
+  absl::Status RunExclusive(const std::function<absl::Status()>& work,
+                            const std::function<bool()>& cancelled);
+
+  int waiting() const;  // requests in the queue
+  int running() const;  // requests past the queue (prefilling or decoding)
+  // No request runs or waits.
+  bool idle() const;
+  // Requests taken from the queue since construction.
+  uint64_t admitted() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace infoflow::server
+
+#endif  // INFOFLOW_SERVER_SCHEDULER_H_
