@@ -7,7 +7,10 @@
 #       ratio to FULL from the same run, stage breakdown, and the in-process
 #       engine's TTFT on the same inputs (gRPC overhead)
 #   ingest.csv        gRPC ingest tokens/s vs in-process prefill
-#   concurrency.csv   QPS and p50/p95/p99 TTFT at 1, 4, 16 streams
+#   concurrency.csv   prefill-heavy (1 token) and decode-heavy (64 tokens) mixes:
+#       QPS, generated tokens/s, p50/p95/p99 TTFT, inter-token p50/p99 at 1, 4, 16
+#       streams (plot two runs with tests/bench/plot_concurrency.sh)
+#   interference.csv  inter-token time of one stream, idle vs under 8K prefills
 #   ttft.svg, ttft.png (gnuplot), engine_bench.txt (prefill GFLOP/s, in-process
 #       per-method TTFT at 4K)
 #

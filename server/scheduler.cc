@@ -120,6 +120,9 @@ struct Scheduler::Impl {
   void RunPrefill(const std::shared_ptr<Request>& r);
   absl::Status ReserveKv(Request* r, int64_t positions);
   bool OnToken(Request* r, int32_t id, std::string_view text);
+  // r->state->Advance(logits) into *next; an engine exception fails only
+  // this request.
+  absl::Status AdvanceGuarded(Request* r, const at::Tensor& logits, std::optional<NextToken>* next);
   // Frees the request's cache and KV reservation and wakes its caller.
   void Complete(Request* r, absl::Status status);
 
@@ -271,6 +274,17 @@ bool Scheduler::Impl::OnToken(Request* r, int32_t id, std::string_view text) {
   return !r->cancel.load();
 }
 
+absl::Status Scheduler::Impl::AdvanceGuarded(Request* r, const at::Tensor& logits,
+                                             std::optional<NextToken>* next) {
+  try {
+    *next = r->state->Advance(logits);
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    next->reset();
+    return absl::InternalError(absl::StrCat("engine error: ", e.what()));
+  }
+}
+
 void Scheduler::Impl::RunPrefill(const std::shared_ptr<Request>& r) {
   absl::StatusOr<std::unique_ptr<PrefilledQuery>> q;
   try {
@@ -290,14 +304,15 @@ void Scheduler::Impl::RunPrefill(const std::shared_ptr<Request>& r) {
   // The first token comes from the prompt's logits: sample it here, before
   // the request joins the batch, so the batch does not delay it.
   std::optional<NextToken> next;
+  absl::Status status = absl::OkStatus();
   if (r->cancel.load()) {
     r->state->Cancel();
   } else if (!r->state->done()) {
-    next = r->state->Advance(p->logits);
+    status = AdvanceGuarded(r.get(), p->logits, &next);
   }
   p->logits = at::Tensor();
   if (!next) {
-    Complete(r.get(), absl::OkStatus());
+    Complete(r.get(), status);
     return;
   }
   r->next = *next;
@@ -350,13 +365,13 @@ void Scheduler::Impl::DecodeLoop() {
     for (int64_t b = 0; b < n; ++b) {
       Request* r = batch[b].get();
       std::optional<NextToken> next;
-      if (error.empty()) next = r->state->Advance(logits[b]);
+      absl::Status status = absl::InternalError(absl::StrCat("engine error: ", error));
+      if (error.empty()) status = AdvanceGuarded(r, logits[b], &next);
       if (next) {
         r->next = *next;
         still.push_back(std::move(batch[b]));
       } else {
-        Complete(r, error.empty() ? absl::OkStatus()
-                                  : absl::InternalError(absl::StrCat("engine error: ", error)));
+        Complete(r, status);
       }
     }
     baton.Release();

@@ -43,6 +43,6 @@ plot "$tmp/before.decode" u 1:3 w lp lw 2 t "before", "$tmp/after.decode" u 1:3 
 unset multiplot
 GP
 }
-{ echo 'set terminal pngcairo size 1500,480'; echo "set output '$out.png'"; plot; } | gnuplot
-{ echo 'set terminal svg size 1500,480'; echo "set output '$out.svg'"; plot; } | gnuplot
+{ echo 'set terminal pngcairo size 1500,480 noenhanced'; echo "set output '$out.png'"; plot; } | gnuplot
+{ echo 'set terminal svg size 1500,480 noenhanced'; echo "set output '$out.svg'"; plot; } | gnuplot
 echo "wrote $out.png $out.svg"

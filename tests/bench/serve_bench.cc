@@ -22,7 +22,7 @@
 //               [--threads N] [--model DIR] [--chunk-tokens 512]
 //               [--streams 1,4,16] [--seconds 10] [--conc-context 1024]
 //               [--decode-tokens 64] [--prefill-context 8192] [--ttft true]
-//               [--workers 16] [--server BIN]
+//               [--workers 16] [--max-batch-tokens N] [--server BIN]
 //
 // --workers is passed to the server (--max-running on today's server; the
 // number of requests computing side by side on servers before the
@@ -258,6 +258,7 @@ int Main(int argc, char** argv) {
   int reps = 5, threads = 0, workers = 16, decode_tokens = 64;
   int64_t chunk_tokens = 512, conc_context = 1024, prefill_context = 8192;
   bool ttft_section = true;
+  int64_t max_batch_tokens = 0;  // 0: the server's default
   double seconds = 10;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
@@ -265,7 +266,8 @@ int Main(int argc, char** argv) {
       std::printf("usage: serve_bench [--out DIR] [--contexts 1024,2048,4096,8192] [--reps 5]\n"
                   "  [--threads N] [--model DIR] [--chunk-tokens 512] [--streams 1,4,16]\n"
                   "  [--seconds 10] [--conc-context 1024] [--decode-tokens 64]\n"
-                  "  [--prefill-context 8192] [--ttft true|false] [--workers 16] [--server BIN]\n"
+                  "  [--prefill-context 8192] [--ttft true|false] [--workers 16]\n"
+                  "  [--max-batch-tokens N (passed to the server)] [--server BIN]\n"
                   "--workers is passed to the server (--max-running; before the scheduler:\n"
                   "requests computing side by side). See the file comment for the sections.\n");
       return f == "--help" || f == "-h" ? 0 : 2;
@@ -284,6 +286,7 @@ int Main(int argc, char** argv) {
     else if (f == "--decode-tokens") decode_tokens = std::max(2, std::atoi(v.c_str()));
     else if (f == "--prefill-context") prefill_context = std::atoll(v.c_str());
     else if (f == "--ttft") ttft_section = v == "true";
+    else if (f == "--max-batch-tokens") max_batch_tokens = std::atoll(v.c_str());
     else if (f == "--server") server_bin = v;
     else {
       std::fprintf(stderr, "serve_bench: unknown flag %s (see --help)\n", f.c_str());
@@ -317,15 +320,18 @@ int Main(int argc, char** argv) {
   fs::remove_all(data_dir);
   fs::create_directories(data_dir);
   const int64_t max_stream = *std::max_element(streams.begin(), streams.end());
-  testing::ServerProcess srv(
-      server_bin, model_dir, data_dir + "/kv", out_dir + "/server.log",
-      {"--threads=" + std::to_string(threads), "--workers=" + std::to_string(workers),
+  std::vector<std::string> server_args = {"--threads=" + std::to_string(threads), "--workers=" + std::to_string(workers),
        "--queue-depth=" + std::to_string(std::max<int64_t>(16, max_stream + 4)),
        "--store-sync=false", "--max-chunks=1024", "--ram-bytes=" + std::to_string(2ull << 30),
        "--max-chunk-tokens=" + std::to_string(std::max<int64_t>(2048, 2 * chunk_tokens)),
        "--max-new-tokens=" + std::to_string(std::max(512, decode_tokens)),
        "--max-context-tokens=" +
-           std::to_string(std::max(contexts.back(), prefill_context) + 2 * chunk_tokens + 512)});
+           std::to_string(std::max(contexts.back(), prefill_context) + 2 * chunk_tokens + 512)};
+  if (max_batch_tokens > 0) {
+    server_args.push_back("--max-batch-tokens=" + std::to_string(max_batch_tokens));
+  }
+  testing::ServerProcess srv(server_bin, model_dir, data_dir + "/kv", out_dir + "/server.log",
+                             server_args);
   std::string err;
   const auto start_t0 = Clock::now();
   if (!srv.Start(&err, std::chrono::seconds(300))) {
@@ -423,9 +429,11 @@ int Main(int argc, char** argv) {
               static_cast<long long>(grpc_tokens), static_cast<long long>(grpc_tokens / texts.size()));
   std::printf("  gRPC Ingest (batches of 4, tokenize+prefill+store): %8.0f tokens/s (%.0f ms)\n",
               grpc_tokens / (grpc_ms / 1e3), grpc_ms);
-  std::printf("  in-process PrefillChunk:                            %8.0f tokens/s (%.0f ms)\n",
-              inproc_tokens / (inproc_ms / 1e3), inproc_ms);
-  std::printf("  gRPC / in-process: %.2f\n", (grpc_tokens / grpc_ms) / (inproc_tokens / inproc_ms));
+  if (ttft_section) {
+    std::printf("  in-process PrefillChunk:                            %8.0f tokens/s (%.0f ms)\n",
+                inproc_tokens / (inproc_ms / 1e3), inproc_ms);
+    std::printf("  gRPC / in-process: %.2f\n", (grpc_tokens / grpc_ms) / (inproc_tokens / inproc_ms));
+  }
   {
     std::ofstream f(out_dir + "/ingest.csv");
     f << "path,chunks,tokens,ms,tokens_per_s\n"
