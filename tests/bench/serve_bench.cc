@@ -546,7 +546,8 @@ int Main(int argc, char** argv) {
   // ---- 3. concurrency: INFOFLOW r=0.15 at conc_context, closed loop, two mixes.
   std::ofstream conc_csv(out_dir + "/concurrency.csv");
   conc_csv << "mix,max_new_tokens,streams,seconds,completed,resource_exhausted,errors,qps,"
-              "tokens_per_s,p50_ms,p95_ms,p99_ms,server_ttft_p50_ms,itl_p50_ms,itl_p99_ms\n";
+              "tokens_per_s,p50_ms,p95_ms,p99_ms,server_ttft_p50_ms,itl_p50_ms,itl_p99_ms,"
+              "mean_batch\n";
   const std::vector<std::string> ck = keys_for(conc_context);
   int64_t ck_tokens = 0;
   for (size_t i = 0; i < ck.size(); ++i) ck_tokens += static_cast<int64_t>(ids[i].size());
@@ -559,10 +560,15 @@ int Main(int argc, char** argv) {
                 "max_new_tokens %d, %.0f s per level, server --workers %d\n",
                 mix.name, ck.size(), static_cast<long long>(ck_tokens), mix.max_new_tokens,
                 seconds, workers);
-    std::printf("%8s %9s %8s %6s %8s %9s %9s %9s %9s %11s %9s %9s\n", "streams", "completed",
+    std::printf("%8s %9s %8s %6s %8s %9s %9s %9s %9s %11s %9s %9s %6s\n", "streams", "completed",
                 "exhausted", "errors", "QPS", "tokens/s", "p50 ms", "p95 ms", "p99 ms",
-                "server p50", "ITL p50", "ITL p99");
+                "server p50", "ITL p50", "ITL p99", "batch");
     for (int64_t n : streams) {
+      // Mean requests per batched decode step in this level, from the
+      // server's infoflow_batch_size histogram (absent before the scheduler).
+      const std::string m0 = srv.Metrics();
+      const double steps0 = testing::PromValue(m0, "infoflow_batch_size_count");
+      const double rows0 = testing::PromValue(m0, "infoflow_batch_size_sum");
       std::mutex mu;
       std::vector<double> lat, server_ttft, gaps;
       int64_t tokens = 0;
@@ -596,18 +602,22 @@ int Main(int argc, char** argv) {
       for (auto& t : th) t.join();
       const double secs = Ms(Clock::now() - t0) / 1e3;
       const double qps = lat.size() / secs;
-      std::printf("%8lld %9zu %8lld %6lld %8.2f %9.1f %9.1f %9.1f %9.1f %11.1f %9.1f %9.1f\n",
+      const std::string m1 = srv.Metrics();
+      const double steps = testing::PromValue(m1, "infoflow_batch_size_count") - steps0;
+      const double mean_batch =
+          steps > 0 ? (testing::PromValue(m1, "infoflow_batch_size_sum") - rows0) / steps : NAN;
+      std::printf("%8lld %9zu %8lld %6lld %8.2f %9.1f %9.1f %9.1f %9.1f %11.1f %9.1f %9.1f %6.2f\n",
                   static_cast<long long>(n), lat.size(), static_cast<long long>(exhausted.load()),
                   static_cast<long long>(errors.load()), qps, tokens / secs, Quantile(lat, 0.5),
                   Quantile(lat, 0.95), Quantile(lat, 0.99), Quantile(server_ttft, 0.5),
-                  Quantile(gaps, 0.5), Quantile(gaps, 0.99));
+                  Quantile(gaps, 0.5), Quantile(gaps, 0.99), mean_batch);
       std::fflush(stdout);
       conc_csv << mix.name << "," << mix.max_new_tokens << "," << n << "," << secs << ","
                << lat.size() << "," << exhausted.load() << "," << errors.load() << "," << qps
                << "," << tokens / secs << "," << Quantile(lat, 0.5) << ","
                << Quantile(lat, 0.95) << "," << Quantile(lat, 0.99) << ","
                << Quantile(server_ttft, 0.5) << "," << Quantile(gaps, 0.5) << ","
-               << Quantile(gaps, 0.99) << std::endl;
+               << Quantile(gaps, 0.99) << "," << mean_batch << std::endl;
     }
   }
 
