@@ -104,6 +104,7 @@ absl::StatusOr<QueryOutcome> QueryRunner::Run(const QuerySpec& spec, const Token
   out.fetch_ms = MsSince(t0);
   out.chunk_hits = resolved->hits;
   out.chunk_misses = resolved->misses;
+  out.chunk_remote_hits = resolved->remote_hits;
   out.chunk_keys = resolved->keys_hex;
   out.prefilled_tokens = resolved->prefilled_tokens;
   QueryInput input;
