@@ -515,7 +515,17 @@ std::vector<absl::StatusOr<RedisReply>> RedisCluster::Impl::Execute(
       std::shared_lock<std::shared_mutex> lock(map_mu_);
       empty_map = masters_.empty();
     }
-    if (empty_map) (void)Refresh(/*force=*/false);
+    if (empty_map && !Refresh(/*force=*/false).ok()) {
+      // Nothing answered: that counts toward the breaker like a failed
+      // command, so an unreachable cluster opens it after a few calls.
+      BreakerFailure();
+      if (counters_->breaker_state.load(std::memory_order_relaxed) == 1) {
+        for (auto& r : results) {
+          r = absl::UnavailableError("redis cluster: no node answered CLUSTER SLOTS");
+        }
+        return results;
+      }
+    }
   }
   std::vector<Route> routes(n);
   for (size_t i = 0; i < n; ++i) {
@@ -556,7 +566,9 @@ std::vector<absl::StatusOr<RedisReply>> RedisCluster::Impl::Execute(
         if (!r.ok()) {
           node_failed = true;
           rt.last_error = r.status();
-          if (++rt.attempts >= options_.max_attempts) {
+          // A timeout is not retried: the node is alive but slow or
+          // silent, and a retry would double the delay it adds.
+          if (++rt.attempts >= options_.max_attempts || absl::IsDeadlineExceeded(r.status())) {
             rt.done = true;
             results[i] = r.status();
           } else {
@@ -607,7 +619,7 @@ std::vector<absl::StatusOr<RedisReply>> RedisCluster::Impl::Execute(
     if (refresh) {
       // Also when the breaker just opened: the next probe then goes to the
       // node that serves the slot now (e.g. the replica that took over).
-      (void)Refresh(/*force=*/false);
+      if (!Refresh(/*force=*/false).ok()) BreakerFailure();
       for (size_t i = 0; i < n; ++i) {
         if (!routes[i].done && routes[i].addr.empty()) {
           routes[i].addr = AddrForKey(commands[i].args[commands[i].key_index], i);

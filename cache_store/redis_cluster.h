@@ -12,15 +12,19 @@
 //  * Pools connections per node (at most options.max_idle_per_node idle ones
 //    kept); a connection that saw an I/O error is dropped, a fresh one is
 //    opened on the next use (reconnect).
-//  * Connect and command timeouts (options.timeout), bounded retries after a
-//    connection failure (options.max_attempts, each after a map refresh so a
-//    failover is followed), optional AUTH.
+//  * Connect and command timeouts (options.timeout). A refused or reset
+//    connection is retried (options.max_attempts in all, the slot map
+//    refreshed in between so a failover is followed); a timeout is not (the
+//    node is there but slow: a retry would only double the delay).
+//  * Optional AUTH (user + password, or password alone).
 //  * A circuit breaker: after options.breaker_threshold consecutive failed
-//    network attempts it stops trying for options.breaker_cooldown and fails
-//    calls at once (FailedPrecondition); then one probe call is let through
-//    and its outcome closes or re-opens it. So a dead cluster costs each
-//    request at most max_attempts x timeout, and nothing while open.
-//  * MultiGet/MultiSet run one pipeline per node, the nodes in parallel.
+//    network attempts (a failed slot-map load counts) it stops trying for
+//    options.breaker_cooldown and fails calls at once (FailedPrecondition);
+//    then one probe call is let through (after reloading the slot map) and
+//    its outcome closes or re-opens it. So a dead cluster costs a request
+//    at most a few timeouts until the breaker opens, one probe per
+//    cool-down after that, and nothing in between.
+//  * Execute/MultiGet run one pipeline per node, the nodes in parallel.
 //
 // Errors are absl statuses whose code says the kind (ErrorKind()):
 //   DeadlineExceeded  timeout               Unavailable  connection failed
