@@ -74,7 +74,7 @@ enum class Compression { kNone, kLz4, kZstd };
 // pick kZstd for disk-bound deployments that read mostly from the RAM tier.
 inline constexpr Compression kDefaultCompression = Compression::kNone;
 
-// The optional shared tier behind the local ones (docs/DESIGN.md §2.4): a
+// The optional shared tier behind the local ones (docs/DESIGN.md §12): a
 // Redis Cluster that every replica reads and writes, so a chunk prefilled
 // by one replica is served to all. Off when cluster.seeds is empty.
 struct RemoteTierOptions {

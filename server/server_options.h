@@ -51,7 +51,7 @@ struct ServerOptions {
   // Return freed heap memory to the OS once no request has run or waited
   // for this long (server/idle_trimmer.h); 0 = never.
   int idle_trim_ms = 1000;
-  // Shared chunk-KV tier on a Redis Cluster (docs/DESIGN.md §2.4): seed
+  // Shared chunk-KV tier on a Redis Cluster (docs/DESIGN.md §12): seed
   // nodes "host:port[,host:port...]"; empty = off (local tiers only).
   std::string remote_redis;
   std::string remote_key_prefix = "ifkv:";
