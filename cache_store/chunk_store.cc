@@ -209,7 +209,7 @@ class ChunkStore::Impl {
   absl::StatusOr<GetResult> GetOrCompute(
       const ChunkKey& key,
       const std::function<absl::StatusOr<std::string>()>& compute,
-      bool remote_lookup);
+      bool just_missed);
   absl::StatusOr<bool> Delete(const ChunkKey& key);
   std::vector<absl::StatusOr<GetResult>> MultiGet(
       absl::Span<const ChunkKey> keys, bool use_remote);
@@ -955,9 +955,11 @@ absl::StatusOr<bool> ChunkStore::Impl::Delete(const ChunkKey& key) {
 absl::StatusOr<GetResult> ChunkStore::Impl::GetOrCompute(
     const ChunkKey& key,
     const std::function<absl::StatusOr<std::string>()>& compute,
-    bool remote_lookup) {
-  absl::StatusOr<GetResult> got = std::move(MultiGet(absl::MakeSpan(&key, 1), remote_lookup)[0]);
-  if (!got.ok() || got->status == GetStatus::kFound) return got;
+    bool just_missed) {
+  if (!just_missed) {
+    absl::StatusOr<GetResult> got = Get(key);
+    if (!got.ok() || got->status == GetStatus::kFound) return got;
+  }
 
   auto [flight, leader] = computes_.Join(key);
   if (!leader) {
@@ -1194,8 +1196,8 @@ std::vector<absl::StatusOr<GetResult>> ChunkStore::MultiGet(
 absl::StatusOr<GetResult> ChunkStore::GetOrCompute(
     const ChunkKey& key,
     const std::function<absl::StatusOr<std::string>()>& compute,
-    bool remote_lookup) {
-  return impl_->GetOrCompute(key, compute, remote_lookup);
+    bool just_missed) {
+  return impl_->GetOrCompute(key, compute, just_missed);
 }
 absl::StatusOr<bool> ChunkStore::Delete(const ChunkKey& key) {
   return impl_->Delete(key);

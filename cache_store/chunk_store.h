@@ -311,13 +311,15 @@ class ChunkStore {
   // persist the computed record is counted (put_errors) but not returned:
   // the caller still gets its KV.
   //
-  // With a shared tier: a local miss is looked up in the cluster first
-  // (unless `remote_lookup` is false, for callers that just did that in a
-  // MultiGet), and the computed record is written through to it.
+  // With a shared tier: a local miss is looked up in the cluster first,
+  // and the computed record is written through to it. `just_missed`: the
+  // caller has just looked `key` up (e.g. one MultiGet for a query's
+  // chunks) and did not find it, so the first lookup is skipped (the
+  // compute leader still re-checks the local tiers, never the cluster).
   absl::StatusOr<GetResult> GetOrCompute(
       const ChunkKey& key,
       const std::function<absl::StatusOr<std::string>()>& compute,
-      bool remote_lookup = true);
+      bool just_missed = false);
 
   // Removes `key` from disk and RAM. Returns true if it was present.
   absl::StatusOr<bool> Delete(const ChunkKey& key);

@@ -188,7 +188,7 @@ absl::StatusOr<ResolvedChunks> ChunkResolver::Resolve(const std::vector<ChunkRef
                     if (!kv.ok()) return kv.status();
                     return EncodeChunkRecord(*model_, *kv, mode, codec_);
                   },
-                  /*remote_lookup=*/false);
+                  /*just_missed=*/true);
     if (!res.ok()) return res.status();
     absl::StatusOr<std::shared_ptr<const ChunkKv>> kv =
         DecodeChunkRecord(*model_, res->value->record(), mode);
