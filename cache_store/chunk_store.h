@@ -34,6 +34,11 @@
 //    TuneMallocForLargeValues() (malloc_tuning.h) at startup; without it
 //    glibc re-faults every freed record buffer (measured 20x slower reads).
 //
+// Optional shared tier (options.remote, docs/DESIGN.md §12): a Redis Cluster
+// behind RAM and disk that every replica reads on a local miss (verified
+// like a disk read, then stored locally) and that Put and GetOrCompute
+// write through to. Its faults are misses, never errors.
+//
 // Durability: with options.sync = true (default) a Put that returned OK
 // survives a process or machine crash. With sync = false it survives a
 // process crash (WAL is always on) but may be lost on power failure.
