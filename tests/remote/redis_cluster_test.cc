@@ -323,7 +323,21 @@ TEST(RedisClusterFailoverTest, FollowsTheNewMasterAfterKill9) {
   ASSERT_TRUE(c->Set(key, "v1").ok());
   // Wait until the replica has it (replication is asynchronous).
   const int master_port = cluster.MasterPortForSlot(slot);
-  ASSERT_EQ(cluster.Admin(cluster.IndexOfPort(master_port), {"WAIT", "1", "5000"}), "1");
+  // (WAIT from another connection would not wait for this client's write:
+  // poll the replica's key count instead.)
+  const int master = cluster.IndexOfPort(master_port);
+  ASSERT_TRUE(RedisClusterProcess::WaitFor(
+      [&] {
+        for (size_t i = 0; i < cluster.nodes().size(); ++i) {
+          if (cluster.Admin(i, {"INFO", "replication"})
+                  .find("master_port:" + std::to_string(master_port) + "\r") != std::string::npos) {
+            return cluster.Admin(i, {"DBSIZE"}) == cluster.Admin(master, {"DBSIZE"});
+          }
+        }
+        return false;
+      },
+      10))
+      << "the replica never caught up";
   cluster.Kill(cluster.IndexOfPort(master_port));
   // Keep going until the replica has taken over; errors in between are
   // bounded, never wrong values.
