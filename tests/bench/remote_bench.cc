@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <set>
@@ -158,7 +159,9 @@ int Main(int argc, char** argv) {
       return 1;
     }
   }
-  testing::RedisClusterProcess cluster("bench");
+  static testing::RedisClusterProcess cluster("bench");
+  // The error paths below std::exit(1): stop the cluster's processes then too.
+  std::atexit([] { cluster.Stop(); });
   std::string err;
   if (!cluster.Start(masters, 0, &err)) {
     std::fprintf(stderr, "cluster: %s\n", err.c_str());
