@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <condition_variable>
 #include <filesystem>
 #include <list>
@@ -147,6 +148,7 @@ class FlightGroup {
       // only the leader's caller may count that work.
       r->from_ram = false;
       r->computed = false;
+      r->from_remote = false;
     }
     return r;
   }
@@ -155,6 +157,8 @@ class FlightGroup {
   std::mutex mu_;
   absl::flat_hash_map<ChunkKey, std::shared_ptr<Flight>> flights_;
 };
+
+enum class ReadVerdict { kOk, kCorrupt, kWrongModel };
 
 }  // namespace
 
@@ -187,14 +191,33 @@ class ChunkStore::Impl {
   }
 
   absl::Status Open();
+  // Creates the shared tier's client when configured (an unreachable
+  // cluster is not an error: its faults are misses).
+  absl::Status OpenRemote() {
+    if (!options_.remote.enabled()) return absl::OkStatus();
+    absl::StatusOr<std::unique_ptr<RedisCluster>> c =
+        RedisCluster::Create(options_.remote.cluster, &counters_.redis);
+    if (!c.ok()) return c.status();
+    remote_ = *std::move(c);
+    counters_.remote_enabled.store(1, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
   absl::StatusOr<PutResult> Put(const ChunkKey& key, std::string record);
   absl::StatusOr<GetResult> Get(const ChunkKey& key);
   std::vector<absl::StatusOr<GetResult>> MultiGet(
       absl::Span<const ChunkKey> keys);
   absl::StatusOr<GetResult> GetOrCompute(
       const ChunkKey& key,
-      const std::function<absl::StatusOr<std::string>()>& compute);
+      const std::function<absl::StatusOr<std::string>()>& compute,
+      bool just_missed);
   absl::StatusOr<bool> Delete(const ChunkKey& key);
+  std::vector<absl::StatusOr<GetResult>> MultiGet(
+      absl::Span<const ChunkKey> keys, bool use_remote);
+  std::string RemoteKey(const ChunkKey& key) const {
+    std::string k = options_.remote.key_prefix;
+    k.append(key.AsBytes());
+    return k;
+  }
   StoreStats Stats() const;
   absl::Status Compact();
 
@@ -204,6 +227,7 @@ class ChunkStore::Impl {
   std::unique_ptr<rocksdb::DB> db_;
   rocksdb::ColumnFamilyHandle* data_cf_ = nullptr;
   rocksdb::ColumnFamilyHandle* index_cf_ = nullptr;
+  std::unique_ptr<RedisCluster> remote_;  // the shared tier; null when off
 
  private:
   struct Entry {
@@ -236,6 +260,20 @@ class ChunkStore::Impl {
   std::vector<absl::StatusOr<GetResult>> ReadFromDisk(
       absl::Span<const ChunkKey> keys);
   absl::StatusOr<GetResult> LoadSingleFlight(const ChunkKey& key);
+  // The one check of a record read from outside RAM (disk or the shared
+  // tier): it decodes (checksum, header, sizes) and is the record of `key`
+  // (recomputed content key, which commits to the model fingerprint).
+  std::shared_ptr<const ChunkValue> VerifyRead(const ChunkKey& key, std::string bytes,
+                                               ReadVerdict* verdict) const;
+  // Fetches `keys` (all led flights, missing or corrupt locally with
+  // `local` status) from the shared tier in one parallel batch, verifies
+  // them and stores the good ones locally. Never fails: faults are misses.
+  std::vector<absl::StatusOr<GetResult>> ReadFromRemote(absl::Span<const ChunkKey> keys,
+                                                        const std::vector<GetStatus>& local);
+  // Writes a stored or computed record to the shared tier; failures are
+  // counted and logged.
+  void WriteThrough(const ChunkKey& key, const std::string& bytes);
+  void CountRemoteError(const absl::Status& s, const char* what);
   // Writes a verified value. Requires write_mu_.
   absl::StatusOr<PutResult> PutVerifiedLocked(
       const ChunkKey& key, const std::shared_ptr<const ChunkValue>& value,
@@ -461,11 +499,9 @@ std::vector<absl::StatusOr<GetResult>> ChunkStore::Impl::ReadFromDisk(
     }
     values[i].Reset();
     counters_.bytes_read.fetch_add(bytes.size(), std::memory_order_relaxed);
-    absl::StatusOr<std::shared_ptr<const ChunkValue>> v =
-        ChunkValue::Create(std::move(bytes));
-    // A valid record under the wrong key is corruption too (e.g. a value
-    // written to the wrong slot): content addressing makes it checkable.
-    if (!v.ok() || (*v)->record().Key() != keys[i]) {
+    ReadVerdict verdict;
+    std::shared_ptr<const ChunkValue> v = VerifyRead(keys[i], std::move(bytes), &verdict);
+    if (v == nullptr) {
       MarkCorrupt(keys[i]);
       counters_.corrupt.fetch_add(1, std::memory_order_relaxed);
       r.status = GetStatus::kCorrupt;
@@ -473,21 +509,151 @@ std::vector<absl::StatusOr<GetResult>> ChunkStore::Impl::ReadFromDisk(
       continue;
     }
     counters_.disk_hits.fetch_add(1, std::memory_order_relaxed);
-    ram_.Insert(keys[i], *v);
+    ram_.Insert(keys[i], v);
     r.status = GetStatus::kFound;
-    r.value = *std::move(v);
+    r.value = std::move(v);
     out.push_back(std::move(r));
   }
   return out;
 }
 
+std::shared_ptr<const ChunkValue> ChunkStore::Impl::VerifyRead(const ChunkKey& key,
+                                                               std::string bytes,
+                                                               ReadVerdict* verdict) const {
+  absl::StatusOr<std::shared_ptr<const ChunkValue>> v = ChunkValue::Create(std::move(bytes));
+  if (!v.ok()) {
+    *verdict = ReadVerdict::kCorrupt;
+    return nullptr;
+  }
+  // A valid record under the wrong key is corruption too (e.g. a value
+  // written to the wrong slot): content addressing makes it checkable. The
+  // key commits to the model fingerprint, so a record of another model
+  // fails here as well; it is told apart for the metrics.
+  if ((*v)->record().Key() != key) {
+    const std::string& want = options_.remote.model_fingerprint;
+    *verdict = !want.empty() && (*v)->record().header.model_fingerprint != want
+                   ? ReadVerdict::kWrongModel
+                   : ReadVerdict::kCorrupt;
+    return nullptr;
+  }
+  *verdict = ReadVerdict::kOk;
+  return *std::move(v);
+}
+
+void ChunkStore::Impl::CountRemoteError(const absl::Status& s, const char* what) {
+  const std::string_view kind = RedisErrorKind(s);
+  std::atomic<uint64_t>* c = &counters_.remote_errors_server;
+  if (kind == "timeout") c = &counters_.remote_errors_timeout;
+  else if (kind == "connection") c = &counters_.remote_errors_connection;
+  else if (kind == "redirect_exhausted") c = &counters_.remote_errors_redirect;
+  else if (kind == "circuit_open") c = &counters_.remote_errors_circuit_open;
+  c->fetch_add(1, std::memory_order_relaxed);
+  // Log at most one line every 10 s: a dead cluster must not flood stderr.
+  static std::atomic<int64_t> last_log_s{0};
+  const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  int64_t last = last_log_s.load(std::memory_order_relaxed);
+  if (now - last >= 10 && last_log_s.compare_exchange_strong(last, now)) {
+    std::fprintf(stderr, "event=remote_tier_error op=%s kind=%s error=\"%s\"\n", what,
+                 std::string(kind).c_str(), std::string(s.message()).c_str());
+  }
+}
+
+std::vector<absl::StatusOr<GetResult>> ChunkStore::Impl::ReadFromRemote(
+    absl::Span<const ChunkKey> keys, const std::vector<GetStatus>& local) {
+  std::vector<std::string> rkeys;
+  rkeys.reserve(keys.size());
+  for (const ChunkKey& k : keys) rkeys.push_back(RemoteKey(k));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<absl::StatusOr<std::optional<std::string>>> got = remote_->MultiGet(rkeys);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  size_t bucket = 0;
+  while (bucket < StoreCounters::kRemoteFetchBuckets &&
+         ms > StoreCounters::kRemoteFetchBucketsMs[bucket]) {
+    ++bucket;
+  }
+  counters_.remote_fetch_bucket[bucket].fetch_add(1, std::memory_order_relaxed);
+  counters_.remote_fetch_count.fetch_add(1, std::memory_order_relaxed);
+  counters_.remote_fetch_sum_us.fetch_add(static_cast<uint64_t>(ms * 1000),
+                                          std::memory_order_relaxed);
+
+  std::vector<absl::StatusOr<GetResult>> out;
+  out.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    GetResult r;
+    r.status = local[i];
+    // A lookup found nowhere is a miss; a locally corrupt one was counted.
+    auto miss = [&] {
+      if (local[i] == GetStatus::kNotFound) {
+        counters_.misses.fetch_add(1, std::memory_order_relaxed);
+      }
+    };
+    if (!got[i].ok()) {
+      CountRemoteError(got[i].status(), "get");
+      miss();
+      out.push_back(r);
+      continue;
+    }
+    if (!got[i]->has_value()) {
+      counters_.remote_misses.fetch_add(1, std::memory_order_relaxed);
+      miss();
+      out.push_back(r);
+      continue;
+    }
+    counters_.remote_bytes_read.fetch_add((*got[i])->size(), std::memory_order_relaxed);
+    ReadVerdict verdict;
+    std::shared_ptr<const ChunkValue> v = VerifyRead(keys[i], **std::move(got[i]), &verdict);
+    if (v == nullptr) {
+      // Reported as corrupt: the caller recomputes, and the write-through
+      // of the recomputed record overwrites the bad value in the cluster.
+      (verdict == ReadVerdict::kWrongModel ? counters_.remote_wrong_model
+                                           : counters_.remote_corrupt)
+          .fetch_add(1, std::memory_order_relaxed);
+      r.status = GetStatus::kCorrupt;
+      out.push_back(r);
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> w(write_mu_);
+      absl::StatusOr<PutResult> put = PutVerifiedLocked(keys[i], v, /*insert_into_ram=*/false);
+      if (!put.ok()) counters_.put_errors.fetch_add(1, std::memory_order_relaxed);
+    }
+    ram_.Insert(keys[i], v);
+    counters_.remote_hits.fetch_add(1, std::memory_order_relaxed);
+    r.status = GetStatus::kFound;
+    r.value = std::move(v);
+    r.from_remote = true;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+void ChunkStore::Impl::WriteThrough(const ChunkKey& key, const std::string& bytes) {
+  if (remote_ == nullptr) return;
+  absl::Status s = remote_->Set(RemoteKey(key), bytes, options_.remote.ttl_seconds);
+  if (!s.ok()) {
+    counters_.remote_write_errors.fetch_add(1, std::memory_order_relaxed);
+    CountRemoteError(s, "set");
+    return;
+  }
+  counters_.remote_writes.fetch_add(1, std::memory_order_relaxed);
+  counters_.remote_bytes_written.fetch_add(bytes.size(), std::memory_order_relaxed);
+}
+
 absl::StatusOr<GetResult> ChunkStore::Impl::Get(const ChunkKey& key) {
-  std::vector<absl::StatusOr<GetResult>> r = MultiGet(absl::MakeSpan(&key, 1));
+  std::vector<absl::StatusOr<GetResult>> r = MultiGet(absl::MakeSpan(&key, 1), true);
   return std::move(r[0]);
 }
 
 std::vector<absl::StatusOr<GetResult>> ChunkStore::Impl::MultiGet(
     absl::Span<const ChunkKey> keys) {
+  return MultiGet(keys, /*use_remote=*/true);
+}
+
+std::vector<absl::StatusOr<GetResult>> ChunkStore::Impl::MultiGet(
+    absl::Span<const ChunkKey> keys, bool use_remote) {
   const size_t n = keys.size();
   std::vector<absl::StatusOr<GetResult>> out(n);
   std::vector<bool> settled(n, false);
@@ -498,6 +664,25 @@ std::vector<absl::StatusOr<GetResult>> ChunkStore::Impl::MultiGet(
   std::vector<std::shared_ptr<Flight>> led_flights;
   std::vector<std::pair<size_t, std::shared_ptr<Flight>>> followed;
   absl::flat_hash_map<ChunkKey, size_t> first_pos;  // duplicate keys
+  // Flights this call leads to the shared tier, with the local status.
+  const bool remote = use_remote && remote_ != nullptr;
+  std::vector<size_t> remote_pos;
+  std::vector<ChunkKey> remote_keys;
+  std::vector<std::shared_ptr<Flight>> remote_flights;
+  std::vector<GetStatus> remote_local;
+  // Joins (or follows) the shared-tier flight for keys[i]; true if handled.
+  auto go_remote = [&](size_t i, GetStatus local) {
+    auto [flight, leader] = loads_.Join(keys[i]);
+    if (!leader) {
+      counters_.single_flight_waits.fetch_add(1, std::memory_order_relaxed);
+      followed.emplace_back(i, std::move(flight));
+      return;
+    }
+    remote_pos.push_back(i);
+    remote_keys.push_back(keys[i]);
+    remote_flights.push_back(std::move(flight));
+    remote_local.push_back(local);
+  };
 
   for (size_t i = 0; i < n; ++i) {
     const ChunkKey& key = keys[i];
@@ -510,12 +695,20 @@ std::vector<absl::StatusOr<GetResult>> ChunkStore::Impl::MultiGet(
         expired.push_back(key);
         [[fallthrough]];
       case Presence::kAbsent:
+        if (remote) {
+          go_remote(i, GetStatus::kNotFound);  // counted there
+          continue;
+        }
         counters_.misses.fetch_add(1, std::memory_order_relaxed);
         out[i] = r;
         settled[i] = true;
         continue;
       case Presence::kCorrupt:
         counters_.corrupt.fetch_add(1, std::memory_order_relaxed);
+        if (remote) {
+          go_remote(i, GetStatus::kCorrupt);
+          continue;
+        }
         r.status = GetStatus::kCorrupt;
         out[i] = r;
         settled[i] = true;
@@ -564,6 +757,14 @@ std::vector<absl::StatusOr<GetResult>> ChunkStore::Impl::MultiGet(
       out[led_pos[j]] = read[j];
       settled[led_pos[j]] = true;
       loads_.Finish(led_keys[j], led_flights[j], std::move(read[j]));
+    }
+  }
+  if (!remote_keys.empty()) {
+    std::vector<absl::StatusOr<GetResult>> read = ReadFromRemote(remote_keys, remote_local);
+    for (size_t j = 0; j < remote_keys.size(); ++j) {
+      out[remote_pos[j]] = read[j];
+      settled[remote_pos[j]] = true;
+      loads_.Finish(remote_keys[j], remote_flights[j], std::move(read[j]));
     }
   }
   for (auto& [pos, flight] : followed) {
@@ -617,8 +818,13 @@ absl::StatusOr<PutResult> ChunkStore::Impl::Put(const ChunkKey& key,
   absl::StatusOr<std::shared_ptr<const ChunkValue>> v =
       VerifyForPut(key, std::move(record));
   if (!v.ok()) return v.status();
-  std::lock_guard<std::mutex> w(write_mu_);
-  return PutVerifiedLocked(key, *v, options_.ram_insert_on_put);
+  absl::StatusOr<PutResult> put;
+  {
+    std::lock_guard<std::mutex> w(write_mu_);
+    put = PutVerifiedLocked(key, *v, options_.ram_insert_on_put);
+  }
+  if (put.ok() && *put == PutResult::kStored) WriteThrough(key, (*v)->bytes());
+  return put;
 }
 
 absl::StatusOr<PutResult> ChunkStore::Impl::PutVerifiedLocked(
@@ -748,9 +954,12 @@ absl::StatusOr<bool> ChunkStore::Impl::Delete(const ChunkKey& key) {
 
 absl::StatusOr<GetResult> ChunkStore::Impl::GetOrCompute(
     const ChunkKey& key,
-    const std::function<absl::StatusOr<std::string>()>& compute) {
-  absl::StatusOr<GetResult> got = Get(key);
-  if (!got.ok() || got->status == GetStatus::kFound) return got;
+    const std::function<absl::StatusOr<std::string>()>& compute,
+    bool just_missed) {
+  if (!just_missed) {
+    absl::StatusOr<GetResult> got = Get(key);
+    if (!got.ok() || got->status == GetStatus::kFound) return got;
+  }
 
   auto [flight, leader] = computes_.Join(key);
   if (!leader) {
@@ -758,8 +967,10 @@ absl::StatusOr<GetResult> ChunkStore::Impl::GetOrCompute(
     return FlightGroup::Wait(flight);
   }
   absl::StatusOr<GetResult> result = [&]() -> absl::StatusOr<GetResult> {
-    // Another caller's compute may have finished between our Get and Join.
-    absl::StatusOr<GetResult> again = Get(key);
+    // Another caller's compute may have finished between our Get and Join
+    // (its result is local by now: no second trip to the shared tier).
+    absl::StatusOr<GetResult> again =
+        std::move(MultiGet(absl::MakeSpan(&key, 1), /*use_remote=*/false)[0]);
     if (!again.ok() || again->status == GetStatus::kFound) return again;
     counters_.computes.fetch_add(1, std::memory_order_relaxed);
     absl::StatusOr<std::string> bytes = compute();
@@ -782,6 +993,9 @@ absl::StatusOr<GetResult> ChunkStore::Impl::GetOrCompute(
   }();
   absl::StatusOr<GetResult> mine = result;
   computes_.Finish(key, flight, std::move(result));
+  // After the followers are released: they need not wait for the cluster.
+  // Also overwrites a value in the cluster that failed verification.
+  if (mine.ok() && mine->computed) WriteThrough(key, mine->value->bytes());
   return mine;
 }
 
@@ -910,6 +1124,16 @@ StoreStats ChunkStore::Impl::Stats() const {
   st.bytes_written = load(counters_.bytes_written);
   st.ram_bytes = load(counters_.ram_bytes);
   st.ram_entries = load(counters_.ram_entries);
+  st.remote_hits = load(counters_.remote_hits);
+  st.remote_misses = load(counters_.remote_misses);
+  st.remote_corrupt = load(counters_.remote_corrupt) + load(counters_.remote_wrong_model);
+  st.remote_errors = load(counters_.remote_errors_timeout) +
+                     load(counters_.remote_errors_connection) +
+                     load(counters_.remote_errors_redirect) +
+                     load(counters_.remote_errors_circuit_open) +
+                     load(counters_.remote_errors_server);
+  st.remote_bytes_read = load(counters_.remote_bytes_read);
+  st.remote_bytes_written = load(counters_.remote_bytes_written);
   for (rocksdb::ColumnFamilyHandle* cf : {data_cf_, index_cf_}) {
     uint64_t v = 0;
     if (db_->GetIntProperty(cf, rocksdb::DB::Properties::kTotalSstFilesSize,
@@ -933,6 +1157,7 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(
     ChunkStoreOptions options) {
   auto impl = std::make_unique<Impl>(options);
   absl::Status s = impl->Open();
+  if (s.ok()) s = impl->OpenRemote();
   if (s.ok()) return std::unique_ptr<ChunkStore>(new ChunkStore(std::move(impl)));
   if (!absl::IsDataLoss(s) || !options.quarantine_if_damaged) return s;
   impl.reset();  // closes what was opened
@@ -949,6 +1174,7 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(
   }
   impl = std::make_unique<Impl>(std::move(options));
   if (absl::Status fresh = impl->Open(); !fresh.ok()) return fresh;
+  if (absl::Status r = impl->OpenRemote(); !r.ok()) return r;
   impl->counters_.quarantined.store(1, std::memory_order_relaxed);
   auto store = std::unique_ptr<ChunkStore>(new ChunkStore(std::move(impl)));
   store->quarantined_path_ = aside;
@@ -969,8 +1195,9 @@ std::vector<absl::StatusOr<GetResult>> ChunkStore::MultiGet(
 }
 absl::StatusOr<GetResult> ChunkStore::GetOrCompute(
     const ChunkKey& key,
-    const std::function<absl::StatusOr<std::string>()>& compute) {
-  return impl_->GetOrCompute(key, compute);
+    const std::function<absl::StatusOr<std::string>()>& compute,
+    bool just_missed) {
+  return impl_->GetOrCompute(key, compute, just_missed);
 }
 absl::StatusOr<bool> ChunkStore::Delete(const ChunkKey& key) {
   return impl_->Delete(key);
@@ -983,5 +1210,7 @@ rocksdb::ColumnFamilyHandle* ChunkStore::data_cf_for_testing() const {
   return impl_->data_cf_;
 }
 void ChunkStore::ClearRamTierForTesting() { impl_->ram_.Clear(); }
+RedisCluster* ChunkStore::remote_cluster() const { return impl_->remote_.get(); }
+std::string ChunkStore::RemoteKey(const ChunkKey& key) const { return impl_->RemoteKey(key); }
 
 }  // namespace infoflow::store

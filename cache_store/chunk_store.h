@@ -34,6 +34,11 @@
 //    TuneMallocForLargeValues() (malloc_tuning.h) at startup; without it
 //    glibc re-faults every freed record buffer (measured 20x slower reads).
 //
+// Optional shared tier (options.remote, docs/DESIGN.md §13): a Redis Cluster
+// behind RAM and disk that every replica reads on a local miss (verified
+// like a disk read, then stored locally) and that Put and GetOrCompute
+// write through to. Its faults are misses, never errors.
+//
 // Durability: with options.sync = true (default) a Put that returned OK
 // survives a process or machine crash. With sync = false it survives a
 // process crash (WAL is always on) but may be lost on power failure.
@@ -53,6 +58,7 @@
 #include "absl/types/span.h"
 #include "cache_store/chunk_key.h"
 #include "cache_store/kv_record.h"
+#include "cache_store/redis_cluster.h"
 
 namespace rocksdb {
 class DB;
@@ -72,6 +78,24 @@ enum class Compression { kNone, kLz4, kZstd };
 // it misses the >= 1 GB/s read target, so records are stored uncompressed;
 // pick kZstd for disk-bound deployments that read mostly from the RAM tier.
 inline constexpr Compression kDefaultCompression = Compression::kNone;
+
+// The optional shared tier behind the local ones (docs/DESIGN.md §13): a
+// Redis Cluster that every replica reads and writes, so a chunk prefilled
+// by one replica is served to all. Off when cluster.seeds is empty.
+struct RemoteTierOptions {
+  RedisClusterOptions cluster;
+  // Cluster key of a chunk = key_prefix + its 32 raw ChunkKey bytes.
+  std::string key_prefix = "ifkv:";
+  // Expiry of written records in the cluster; 0 = none (rely on maxmemory
+  // with an LRU policy).
+  int64_t ttl_seconds = 0;
+  // The served model's fingerprint: a record read from the cluster that is
+  // valid but belongs to another model is counted as remote_wrong_model
+  // rather than remote_corrupt. Empty: not told apart.
+  std::string model_fingerprint;
+
+  bool enabled() const { return !cluster.seeds.empty(); }
+};
 
 struct ChunkStoreOptions {
   // Directory of the RocksDB instance; created if missing and
@@ -112,6 +136,8 @@ struct ChunkStoreOptions {
   // less than this many bytes free on the store's filesystem; 0 = no check
   // (the server sets it, --min-free-disk-bytes).
   uint64_t min_free_disk_bytes = 0;
+  // Shared tier (off by default: exactly the local store).
+  RemoteTierOptions remote;
 };
 
 // A verified record held in memory. Immutable and shared: the RAM tier and
@@ -154,6 +180,7 @@ struct GetResult {
   std::shared_ptr<const ChunkValue> value;
   bool from_ram = false;   // served by the RAM tier
   bool computed = false;   // produced by GetOrCompute's compute callback
+  bool from_remote = false;  // fetched from the shared tier (and now stored locally)
 };
 
 enum class PutResult {
@@ -187,6 +214,33 @@ struct StoreCounters {
   std::atomic<uint64_t> ram_bytes{0};
   std::atomic<uint64_t> ram_entries{0};
   std::atomic<uint64_t> quarantined{0};  // 1 when Open moved a damaged store aside
+
+  // Shared tier (RemoteTierOptions). A lookup goes to the cluster only
+  // after missing locally; `misses` above counts lookups found nowhere.
+  std::atomic<uint64_t> remote_enabled{0};       // gauge: 1 when configured
+  std::atomic<uint64_t> remote_hits{0};          // verified records fetched
+  std::atomic<uint64_t> remote_misses{0};        // key not in the cluster
+  std::atomic<uint64_t> remote_corrupt{0};       // failed verification
+  std::atomic<uint64_t> remote_wrong_model{0};   // valid record of another model
+  // Failed cluster operations (reads and writes) by kind (RedisErrorKind).
+  std::atomic<uint64_t> remote_errors_timeout{0};
+  std::atomic<uint64_t> remote_errors_connection{0};
+  std::atomic<uint64_t> remote_errors_redirect{0};
+  std::atomic<uint64_t> remote_errors_circuit_open{0};
+  std::atomic<uint64_t> remote_errors_server{0};
+  std::atomic<uint64_t> remote_bytes_read{0};
+  std::atomic<uint64_t> remote_bytes_written{0};
+  std::atomic<uint64_t> remote_writes{0};        // records written through
+  std::atomic<uint64_t> remote_write_errors{0};  // write-throughs that failed
+  // Latency of one batched fetch (all of a lookup's keys, in parallel):
+  // counts per upper bound in ms (cumulative is computed by the exporter),
+  // the last slot is +Inf.
+  static constexpr double kRemoteFetchBucketsMs[] = {0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000};
+  static constexpr size_t kRemoteFetchBuckets = sizeof(kRemoteFetchBucketsMs) / sizeof(double);
+  std::atomic<uint64_t> remote_fetch_bucket[kRemoteFetchBuckets + 1] = {};
+  std::atomic<uint64_t> remote_fetch_count{0};
+  std::atomic<uint64_t> remote_fetch_sum_us{0};
+  RedisClusterCounters redis;  // the cluster client's own counters
 };
 
 struct ModelStats {
@@ -205,6 +259,9 @@ struct StoreStats {
   uint64_t bytes_read = 0, bytes_written = 0;
   uint64_t ram_bytes = 0, ram_entries = 0;
   uint64_t disk_bytes = 0;  // SST + blob files as RocksDB reports them
+  // Shared tier (all 0 when off).
+  uint64_t remote_hits = 0, remote_misses = 0, remote_corrupt = 0, remote_errors = 0;
+  uint64_t remote_bytes_read = 0, remote_bytes_written = 0;
 };
 
 class ChunkStore {
@@ -229,15 +286,21 @@ class ChunkStore {
 
   // Stores `record` (an encoded KV record) under `key`. Idempotent: if an
   // intact, unexpired record with `key` exists, writes nothing and returns
-  // kAlreadyPresent. A record that a Get reported kCorrupt is replaced.
+  // kAlreadyPresent. A record stored (kStored) is also written through to
+  // the shared tier when configured; a failure there is counted and logged,
+  // never returned. A record that a Get reported kCorrupt is replaced.
   // InvalidArgument if `record` does not decode or is not the record of
   // `key`; ResourceExhausted if it alone exceeds capacity_bytes; other
   // errors are RocksDB I/O failures. Durable on return when options.sync.
   absl::StatusOr<PutResult> Put(const ChunkKey& key, std::string record);
 
-  // Looks `key` up in the RAM tier, then on disk. The returned status is
-  // non-OK only for I/O errors; missing and corrupt records are values
-  // (GetResult::status). Corrupt results are counted.
+  // Looks `key` up in the RAM tier, then on disk, then (when configured) in
+  // the shared tier. The returned status is non-OK only for local I/O
+  // errors; missing and corrupt records are values (GetResult::status), and
+  // so is every fault of the shared tier (a miss, counted by kind). A record
+  // from the shared tier is verified exactly like one from disk (checksum,
+  // header, recomputed key) and then stored locally and in RAM. Corrupt
+  // results are counted.
   absl::StatusOr<GetResult> Get(const ChunkKey& key);
 
   // Get for each of `keys` (a query's chunk list), batching the disk reads.
@@ -252,9 +315,16 @@ class ChunkStore {
   // InvalidArgument if it returns a record of another key. A failure to
   // persist the computed record is counted (put_errors) but not returned:
   // the caller still gets its KV.
+  //
+  // With a shared tier: a local miss is looked up in the cluster first,
+  // and the computed record is written through to it. `just_missed`: the
+  // caller has just looked `key` up (e.g. one MultiGet for a query's
+  // chunks) and did not find it, so the first lookup is skipped (the
+  // compute leader still re-checks the local tiers, never the cluster).
   absl::StatusOr<GetResult> GetOrCompute(
       const ChunkKey& key,
-      const std::function<absl::StatusOr<std::string>()>& compute);
+      const std::function<absl::StatusOr<std::string>()>& compute,
+      bool just_missed = false);
 
   // Removes `key` from disk and RAM. Returns true if it was present.
   absl::StatusOr<bool> Delete(const ChunkKey& key);
@@ -273,6 +343,10 @@ class ChunkStore {
   rocksdb::DB* db_for_testing() const;
   rocksdb::ColumnFamilyHandle* data_cf_for_testing() const;
   void ClearRamTierForTesting();
+  // The shared tier's client; null when off.
+  RedisCluster* remote_cluster() const;
+  // The cluster key of `key` (prefix + raw key bytes).
+  std::string RemoteKey(const ChunkKey& key) const;
 
  private:
   class Impl;

@@ -136,6 +136,7 @@ absl::StatusOr<ResolvedChunks> ChunkResolver::Resolve(const std::vector<ChunkRef
     }
     out.chunks[i] = *std::move(kv);
     ++out.hits;
+    if (got[j]->from_remote) ++out.remote_hits;
   }
   if (!missing.empty()) {
     return absl::NotFoundError(
@@ -159,18 +160,35 @@ absl::StatusOr<ResolvedChunks> ChunkResolver::Resolve(const std::vector<ChunkRef
   if (check_context) {
     if (absl::Status s = check_context(total); !s.ok()) return s;
   }
+  // All text chunks' keys in one lookup first: with a shared tier the local
+  // misses are fetched from the cluster in parallel, not one by one; what
+  // is still missing is prefilled below without asking the cluster again.
+  std::vector<store::ChunkKey> text_keys;
+  std::vector<size_t> text_index;
   for (size_t i = 0; i < refs.size(); ++i) {
     if (refs[i].by_key) continue;
+    text_keys.push_back(ChunkKeyFor(*model_, text_ids[i], mode, codec_));
+    text_index.push_back(i);
+  }
+  std::vector<absl::StatusOr<store::GetResult>> text_got = store_->MultiGet(text_keys);
+  for (size_t j = 0; j < text_keys.size(); ++j) {
+    const size_t i = text_index[j];
     const std::string field = absl::StrCat("chunks[", i, "].text");
     const std::vector<int32_t>& ids = text_ids[i];
-    const store::ChunkKey key = ChunkKeyFor(*model_, ids, mode, codec_);
+    const store::ChunkKey& key = text_keys[j];
     out.keys_hex[i] = key.Hex();
+    if (!text_got[j].ok()) return text_got[j].status();
     absl::StatusOr<store::GetResult> res =
-        store_->GetOrCompute(key, [&]() -> absl::StatusOr<std::string> {
-          absl::StatusOr<ChunkKv> kv = PrefillChunk(*model_, ids, mode);
-          if (!kv.ok()) return kv.status();
-          return EncodeChunkRecord(*model_, *kv, mode, codec_);
-        });
+        text_got[j]->status == store::GetStatus::kFound
+            ? std::move(text_got[j])
+            : store_->GetOrCompute(
+                  key,
+                  [&]() -> absl::StatusOr<std::string> {
+                    absl::StatusOr<ChunkKv> kv = PrefillChunk(*model_, ids, mode);
+                    if (!kv.ok()) return kv.status();
+                    return EncodeChunkRecord(*model_, *kv, mode, codec_);
+                  },
+                  /*just_missed=*/true);
     if (!res.ok()) return res.status();
     absl::StatusOr<std::shared_ptr<const ChunkKv>> kv =
         DecodeChunkRecord(*model_, res->value->record(), mode);
@@ -183,6 +201,7 @@ absl::StatusOr<ResolvedChunks> ChunkResolver::Resolve(const std::vector<ChunkRef
       out.prefilled_tokens += static_cast<int64_t>(ids.size());
     } else {
       ++out.hits;
+      if (res->from_remote) ++out.remote_hits;
     }
   }
   for (const auto& c : out.chunks) out.context_tokens += c->size();

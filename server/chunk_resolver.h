@@ -56,6 +56,7 @@ struct ResolvedChunks {
   std::vector<std::string> keys_hex;                   // request order
   int hits = 0;    // served by the store
   int misses = 0;  // prefilled now (text given, not stored or corrupt)
+  int remote_hits = 0;  // of hits: fetched from the shared tier
   int64_t prefilled_tokens = 0;
   int64_t context_tokens = 0;
 };
@@ -84,7 +85,8 @@ class ChunkResolver {
   // Checks a query's context length before anything is prefilled.
   using ContextCheck = std::function<absl::Status(int64_t context_tokens)>;
 
-  // Fetches every chunk of a query. NotFound listing every key that is
+  // Fetches every chunk of a query (keys and texts each in one batched
+  // lookup, so a shared tier fetches them in parallel). NotFound listing every key that is
   // neither stored nor given as text; InvalidArgument for malformed keys or
   // bad texts; FailedPrecondition for records of another model or another
   // prefix mode; whatever `check_context` returns for the total context

@@ -17,6 +17,7 @@
 #include <cstddef>  // defines __GLIBC__
 #include <utility>
 #include <exception>
+#include <limits>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -103,6 +104,7 @@ class LiveCollector : public prometheus::Collectable {
           load(c_->quarantined));
     gauge("infoflow_store_records", "Records in the store.", load(c_->records));
     gauge("infoflow_store_bytes", "Sum of stored record sizes.", load(c_->bytes));
+    AddRemote(&out);
     gauge("infoflow_queue_depth", "Requests waiting in the scheduler's queue.",
           static_cast<double>(queue_depth_()));
     gauge("infoflow_waiting_requests", "Requests waiting in the scheduler's queue.",
@@ -132,6 +134,80 @@ class LiveCollector : public prometheus::Collectable {
   }
 
  private:
+  // The shared tier (Redis Cluster): exported only when configured.
+  void AddRemote(std::vector<prometheus::MetricFamily>* out) const {
+    auto load = [](const auto& a) { return static_cast<double>(a.load(std::memory_order_relaxed)); };
+    auto family = [&](const char* name, const char* help, prometheus::MetricType type,
+                      const char* label,
+                      std::vector<std::pair<std::string, double>> values) {
+      prometheus::MetricFamily f;
+      f.name = name;
+      f.help = help;
+      f.type = type;
+      for (auto& [l, v] : values) {
+        prometheus::ClientMetric m;
+        if (!l.empty()) m.label.push_back({label, l});
+        if (type == prometheus::MetricType::Counter) m.counter.value = v;
+        else m.gauge.value = v;
+        f.metric.push_back(std::move(m));
+      }
+      out->push_back(std::move(f));
+    };
+    using T = prometheus::MetricType;
+    family("infoflow_remote_enabled", "1 when the shared tier (--remote-redis) is configured.",
+           T::Gauge, "", {{"", load(c_->remote_enabled)}});
+    if (c_->remote_enabled.load(std::memory_order_relaxed) == 0) return;
+    family("infoflow_remote_hits_total",
+           "Chunk records fetched from the shared tier and verified (local tiers had missed).",
+           T::Counter, "", {{"", load(c_->remote_hits)}});
+    family("infoflow_remote_misses_total", "Shared-tier lookups of keys the cluster does not hold.",
+           T::Counter, "", {{"", load(c_->remote_misses)}});
+    family("infoflow_remote_errors_total",
+           "Shared-tier faults by kind; each is a miss (recompute), never a failed request.",
+           T::Counter, "kind",
+           {{"timeout", load(c_->remote_errors_timeout)},
+            {"connection", load(c_->remote_errors_connection)},
+            {"redirect_exhausted", load(c_->remote_errors_redirect)},
+            {"circuit_open", load(c_->remote_errors_circuit_open)},
+            {"server", load(c_->remote_errors_server)},
+            {"corrupt", load(c_->remote_corrupt)},
+            {"wrong_model", load(c_->remote_wrong_model)}});
+    family("infoflow_remote_bytes_total", "Record bytes moved to/from the shared tier.",
+           T::Counter, "direction",
+           {{"read", load(c_->remote_bytes_read)}, {"written", load(c_->remote_bytes_written)}});
+    family("infoflow_remote_writes_total", "Write-throughs to the shared tier by result.",
+           T::Counter, "result",
+           {{"ok", load(c_->remote_writes)}, {"error", load(c_->remote_write_errors)}});
+    family("infoflow_remote_redirects_total", "Cluster redirects the client followed.", T::Counter,
+           "type", {{"moved", load(c_->redis.moved)}, {"ask", load(c_->redis.ask)}});
+    family("infoflow_remote_slot_map_refreshes_total", "CLUSTER SLOTS reloads.", T::Counter, "",
+           {{"", load(c_->redis.slot_map_refreshes)}});
+    family("infoflow_remote_circuit_state",
+           "Shared-tier circuit breaker: 0 closed, 1 open (tier skipped), 2 half-open (probing).",
+           T::Gauge, "", {{"", load(c_->redis.breaker_state)}});
+    family("infoflow_remote_circuit_opens_total", "Times the circuit breaker opened.", T::Counter,
+           "", {{"", load(c_->redis.breaker_opens)}});
+    prometheus::MetricFamily h;
+    h.name = "infoflow_remote_fetch_seconds";
+    h.help = "Latency of one batched shared-tier fetch (a lookup's missing keys, in parallel).";
+    h.type = T::Histogram;
+    prometheus::ClientMetric m;
+    uint64_t cumulative = 0;
+    for (size_t i = 0; i <= store::StoreCounters::kRemoteFetchBuckets; ++i) {
+      cumulative += c_->remote_fetch_bucket[i].load(std::memory_order_relaxed);
+      prometheus::ClientMetric::Bucket b;
+      b.cumulative_count = cumulative;
+      b.upper_bound = i < store::StoreCounters::kRemoteFetchBuckets
+                          ? store::StoreCounters::kRemoteFetchBucketsMs[i] / 1000.0
+                          : std::numeric_limits<double>::infinity();
+      m.histogram.bucket.push_back(b);
+    }
+    m.histogram.sample_count = cumulative;
+    m.histogram.sample_sum = load(c_->remote_fetch_sum_us) / 1e6;
+    h.metric.push_back(std::move(m));
+    out->push_back(std::move(h));
+  }
+
   const store::StoreCounters* c_;
   std::function<int()> queue_depth_;
   std::function<int()> running_;

@@ -123,6 +123,7 @@ absl::StatusOr<std::unique_ptr<PrefilledQuery>> QueryRunner::Prefill(
   out.fetch_ms = MsSince(q->start);
   out.chunk_hits = resolved->hits;
   out.chunk_misses = resolved->misses;
+  out.chunk_remote_hits = resolved->remote_hits;
   out.chunk_keys = resolved->keys_hex;
   out.prefilled_tokens = resolved->prefilled_tokens;
   QueryInput input;

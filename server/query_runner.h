@@ -61,6 +61,7 @@ struct QueryOutcome {
   int64_t recomputed_tokens = 0;
   int64_t prefilled_tokens = 0;  // chunk tokens prefilled now (write-through)
   int chunk_hits = 0, chunk_misses = 0;
+  int chunk_remote_hits = 0;  // of chunk_hits: from the shared tier
   std::vector<int> chunk_order;
   std::vector<std::string> chunk_keys;
   std::string stop_reason;  // StopReasonName

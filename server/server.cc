@@ -13,6 +13,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "cache_store/chunk_store.h"
 #include "engine/chunk/chunk_codec.h"
 #include "engine/model/model.h"
@@ -98,6 +99,32 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
   so.sync = options.store_sync;
   so.quarantine_if_damaged = options.on_corrupt_store == "quarantine";
   so.min_free_disk_bytes = options.min_free_disk_bytes;
+  if (!options.remote_redis.empty()) {
+    absl::StatusOr<std::vector<std::string>> seeds = store::ParseRedisSeeds(options.remote_redis);
+    if (!seeds.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--remote-redis: ", seeds.status().message()));
+    }
+    so.remote.cluster.seeds = *std::move(seeds);
+    so.remote.cluster.timeout = std::chrono::milliseconds(options.remote_timeout_ms);
+    so.remote.key_prefix = options.remote_key_prefix;
+    so.remote.ttl_seconds = options.remote_ttl_s;
+    so.remote.model_fingerprint = s->model->fingerprint();
+    if (!options.remote_auth_file.empty()) {
+      absl::StatusOr<std::string> auth = ReadFile(options.remote_auth_file, "--remote-auth-file");
+      if (!auth.ok()) return auth.status();
+      std::vector<std::string> lines;
+      for (absl::string_view l : absl::StrSplit(*auth, '\n')) {
+        l = absl::StripAsciiWhitespace(l);
+        if (!l.empty()) lines.emplace_back(l);
+      }
+      if (lines.empty() || lines.size() > 2) {
+        return absl::InvalidArgumentError(
+            "--remote-auth-file: expected one line (password) or two (user, password)");
+      }
+      so.remote.cluster.password = lines.back();
+      if (lines.size() == 2) so.remote.cluster.user = lines[0];
+    }
+  }
   absl::StatusOr<std::unique_ptr<store::ChunkStore>> st = store::ChunkStore::Open(so);
   if (!st.ok()) {
     if (absl::IsDataLoss(st.status())) {
@@ -108,6 +135,14 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
     return st.status();
   }
   s->store = *std::move(st);
+  if (store::RedisCluster* remote = s->store->remote_cluster()) {
+    std::fprintf(stderr, "shared tier: redis cluster %s prefix=%s timeout_ms=%d ttl_s=%lld (%s)\n",
+                 options.remote_redis.c_str(), options.remote_key_prefix.c_str(),
+                 options.remote_timeout_ms, static_cast<long long>(options.remote_ttl_s),
+                 remote->NodeForSlot(0).empty() && remote->NodeForSlot(16383).empty()
+                     ? "unreachable now: serving from local tiers until it answers"
+                     : "slot map loaded");
+  }
   if (!s->store->quarantined_path().empty()) {
     std::fprintf(stderr,
                  "event=store_quarantined data_dir=%s moved_to=%s reason=\"%s\" "

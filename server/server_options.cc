@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "cache_store/redis_cluster.h"
 #include "engine/chunk/kv_codec.h"
 
 namespace infoflow::server {
@@ -58,6 +59,16 @@ const char kServerUsage[] =
     "  --kv-group-size N       elements per quantization group (default 64)\n"
     "  --idle-trim-ms N        return freed memory to the OS once the server has been idle\n"
     "                          for N ms (default 1000; 0 = never)\n"
+    "  --remote-redis H:P[,H:P...]\n"
+    "                          shared chunk-KV tier: seed nodes of a Redis Cluster that every\n"
+    "                          replica reads (after RAM and disk miss) and writes through to\n"
+    "                          (default '' = off). Cluster faults are misses, never errors\n"
+    "  --remote-key-prefix S   key prefix in the cluster (default 'ifkv:'); the key is\n"
+    "                          S + the chunk's 32 raw key bytes\n"
+    "  --remote-timeout-ms N   connect and per-operation timeout (default 250); after 3\n"
+    "                          consecutive failures the tier is skipped for 2 s\n"
+    "  --remote-ttl-s N        expiry of records written to the cluster (default 0 = none)\n"
+    "  --remote-auth-file F    Redis AUTH: F holds 'password', or 'user' and 'password' lines\n"
     "  --config FILE           key=value lines with the flag names above\n";
 
 namespace {
@@ -104,6 +115,22 @@ absl::Status Apply(ServerOptions* o, const std::string& name, const std::string&
   else if (name == "kv-codec") o->kv_codec = value;  // checked with the group size below
   else if (name == "kv-group-size") return num(&o->kv_group_size, 1);
   else if (name == "idle-trim-ms") return num(&o->idle_trim_ms, 0);
+  else if (name == "remote-redis") {
+    if (!value.empty()) {
+      if (absl::StatusOr<std::vector<std::string>> s = store::ParseRedisSeeds(value); !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("--remote-redis: ", s.status().message()));
+      }
+    }
+    o->remote_redis = value;
+  } else if (name == "remote-key-prefix") {
+    if (value.size() > 256) {
+      return absl::InvalidArgumentError("--remote-key-prefix: at most 256 bytes");
+    }
+    o->remote_key_prefix = value;
+  }
+  else if (name == "remote-timeout-ms") return num(&o->remote_timeout_ms, 1);
+  else if (name == "remote-ttl-s") return num(&o->remote_ttl_s, 0);
+  else if (name == "remote-auth-file") o->remote_auth_file = value;
   else if (name == "min-free-disk-bytes") return num(&o->min_free_disk_bytes, 0);
   else if (name == "max-prompt-tokens") return num(&o->max_prompt_tokens, 1);
   else if (name == "store-sync") return boolean(&o->store_sync);

@@ -60,6 +60,14 @@ struct ServerOptions {
   // Return freed heap memory to the OS once no request has run or waited
   // for this long (server/idle_trimmer.h); 0 = never.
   int idle_trim_ms = 1000;
+  // Shared chunk-KV tier on a Redis Cluster (docs/DESIGN.md §13): seed
+  // nodes "host:port[,host:port...]"; empty = off (local tiers only).
+  std::string remote_redis;
+  std::string remote_key_prefix = "ifkv:";
+  int remote_timeout_ms = 250;  // connect and per-operation timeout
+  int64_t remote_ttl_s = 0;     // expiry of written records; 0 = none
+  // Redis AUTH: one line "password", or two lines "user" then "password".
+  std::string remote_auth_file;
 };
 
 // Parses `argv` (argv[0] is the program). `--config FILE` reads key=value

@@ -367,6 +367,7 @@ grpc::Status QueryService::Query(grpc::ServerContext* ctx, const v1::QueryReques
         r->set_recomputed_tokens(out->recomputed_tokens);
         r->set_chunk_hits(out->chunk_hits);
         r->set_chunk_misses(out->chunk_misses);
+        r->set_chunk_remote_hits(out->chunk_remote_hits);
         for (int i : out->chunk_order) r->add_chunk_order(i);
         for (const std::string& k : out->chunk_keys) r->add_chunk_keys(k);
         r->set_method(FromMethod(spec.method));
@@ -430,6 +431,12 @@ grpc::Status AdminService::Stats(grpc::ServerContext* ctx, const v1::StatsReques
   resp->set_ram_bytes(st.ram_bytes);
   resp->set_disk_bytes(st.disk_bytes);
   resp->set_kv_bytes_per_token(KvBytesPerToken(*d_->model, d_->kv_codec));
+  resp->set_remote_hits(st.remote_hits);
+  resp->set_remote_misses(st.remote_misses);
+  resp->set_remote_corrupt(st.remote_corrupt);
+  resp->set_remote_errors(st.remote_errors);
+  resp->set_remote_bytes_read(st.remote_bytes_read);
+  resp->set_remote_bytes_written(st.remote_bytes_written);
   return grpc::Status::OK;
 }
 

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -216,6 +217,9 @@ def check_k8s():
                     if k.lstrip("-") not in flags:
                         fail(f"ConfigMap {cm['metadata']['name']}: unknown server flag {k}")
                     kv[k.lstrip("-")] = v
+                for seed in kv.get("remote-redis", "").split(",") if kv.get("remote-redis") else []:
+                    if not re.fullmatch(r"[A-Za-z0-9.-]+:\d+", seed.strip()):
+                        fail(f"ConfigMap: remote-redis seed {seed!r} is not host:port")
                 if kv.get("data-dir", "").split("/")[1:2] != ["data"]:
                     fail("ConfigMap: data-dir must be on the /data PVC")
                 tok = kv.get("auth-token-file")
@@ -312,7 +316,7 @@ def check_compose():
         return
     c = load_yaml_docs(os.path.join(DEPLOY, "compose.yaml"))[0]
     svcs = c.get("services") or {}
-    for s in ("infoflow-server", "prometheus", "grafana"):
+    for s in ("infoflow-server", "prometheus", "grafana", "redis"):
         if s not in svcs:
             fail(f"compose.yaml: no service {s}")
     srv = svcs.get("infoflow-server", {})
@@ -323,6 +327,22 @@ def check_compose():
             fail(f"compose.yaml: unknown server flag {a}")
     if "healthcheck" not in srv:
         fail("compose.yaml: infoflow-server has no healthcheck")
+    # The shared tier: the server's seeds name the compose Redis service, which
+    # runs in cluster mode (the client speaks the cluster protocol only) with
+    # an LRU eviction policy and room for MB-sized records.
+    seeds = [a.split("=", 1)[1] for a in srv.get("command") or [] if str(a).startswith("--remote-redis=")]
+    if not seeds:
+        fail("compose.yaml: infoflow-server has no --remote-redis")
+    for seed in (seeds[0].split(",") if seeds else []):
+        if seed.rsplit(":", 1)[0] not in svcs:
+            fail(f"compose.yaml: --remote-redis seed {seed} is not a compose service")
+    redis_cmd = " ".join(str(x) for x in (svcs.get("redis", {}).get("command") or []))
+    for need in ("--cluster-enabled yes", "--maxmemory-policy allkeys-lru", "--proto-max-bulk-len",
+                 "addslotsrange 0 16383"):
+        if need not in redis_cmd:
+            fail(f"compose.yaml: redis service lacks {need!r}")
+    if "redis" not in (srv.get("depends_on") or {}):
+        fail("compose.yaml: infoflow-server does not depend on redis")
     if not any(str(v).endswith(":/data") for v in srv.get("volumes") or []):
         fail("compose.yaml: infoflow-server has no /data volume")
     base = DEPLOY
@@ -520,9 +540,15 @@ def names_from_scrape():
         return None, f"no built server at {server}"
     tmp = tempfile.mkdtemp(prefix="check-deploy-")
     log = open(os.path.join(tmp, "server.log"), "w+")
+    # A shared tier whose only seed is a closed port: the server runs (faults
+    # are misses) and exports the infoflow_remote_* families.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead_port = s.getsockname()[1]
     proc = subprocess.Popen([server, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
                              "--data-dir", os.path.join(tmp, "kv"), "--threads", "1",
-                             "--store-sync", "false"], stdout=log, stderr=subprocess.STDOUT)
+                             "--store-sync", "false", "--remote-redis", f"127.0.0.1:{dead_port}",
+                             "--remote-timeout-ms", "100"], stdout=log, stderr=subprocess.STDOUT)
     try:
         grpc_port = metrics_port = None
         deadline = time.time() + 40
@@ -606,7 +632,9 @@ def check_grafana():
             if family(n) not in exported:
                 fail(f"grafana panel {title!r}: metric {n} is not exported ({how}): {e}")
     must = {"infoflow_query_ttft_seconds", "infoflow_recompute_ratio", "infoflow_store_hits_total",
-            "infoflow_ingest_tokens_total", "infoflow_inflight_streams", "infoflow_store_bytes"}
+            "infoflow_ingest_tokens_total", "infoflow_inflight_streams", "infoflow_store_bytes",
+            "infoflow_remote_hits_total", "infoflow_remote_errors_total", "infoflow_remote_fetch_seconds",
+            "infoflow_remote_bytes_total", "infoflow_remote_circuit_state"}
     for n in sorted(must - used):
         fail(f"grafana: dashboard does not show {n}")
     if not any("histogram_quantile" in e and "infoflow_query_ttft_seconds_bucket" in e and "method" in e

@@ -518,6 +518,34 @@ TEST(ServerOptionsTest, FlagsAndConfigFile) {
   fs::remove_all(dir);
 }
 
+TEST(ServerOptionsTest, SharedTierFlags) {
+  auto parse = [](std::vector<std::string> args) {
+    args.insert(args.begin(), "infoflow-server");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    bool help = false;
+    return ParseServerFlags(static_cast<int>(argv.size()), argv.data(), &help);
+  };
+  auto off = parse({});
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ(off->remote_redis, "") << "the shared tier is off by default";
+  auto on = parse({"--remote-redis", "r1:7000,r2:7001", "--remote-key-prefix=kv:",
+                   "--remote-timeout-ms=50", "--remote-ttl-s=3600"});
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_EQ(on->remote_redis, "r1:7000,r2:7001");
+  EXPECT_EQ(on->remote_key_prefix, "kv:");
+  EXPECT_EQ(on->remote_timeout_ms, 50);
+  EXPECT_EQ(on->remote_ttl_s, 3600);
+  for (auto [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--remote-redis", "r1"}, {"--remote-redis", "r1:7000,:7001"},
+           {"--remote-timeout-ms", "0"}, {"--remote-ttl-s", "-1"},
+           {"--remote-key-prefix", std::string(300, 'p')}}) {
+    auto bad = parse({flag, value});
+    ASSERT_FALSE(bad.ok()) << flag << " " << value;
+    EXPECT_NE(bad.status().message().find(flag), std::string::npos) << bad.status();
+  }
+}
+
 TEST_F(ServerTest, BadInputsGetTheirStatusAndServerStaysUsable) {
   h_.options.max_chunks = 4;
   h_.options.max_chunk_tokens = 64;

@@ -1,0 +1,387 @@
+// remote_bench: the shared chunk-KV tier (Redis Cluster) on loopback. Starts
+// a real cluster (--masters redis-server processes, no replicas, in a temp
+// dir) and real infoflow-server processes, and measures
+//
+//  1. fetch throughput from the cluster with RedisCluster::MultiGet (one
+//     pipeline per master, masters in parallel) vs one GET at a time, for
+//     8 x 1 MiB values and for 8 real chunk records (--chunk-tokens tokens of
+//     the generated 6-layer 512-wide model, BOS prefix, bf16), the latter
+//     also with record verification (xxh64 + header + key);
+//  2. INFOFLOW TTFT at --context tokens with the chunks served from RAM,
+//     RocksDB (--ram-bytes=0), the cluster (local copies deleted before each
+//     rep) and recomputed (no shared tier, local copies deleted), same run,
+//     median of --reps;
+//  3. two replicas behind round-robin, --queries queries of 4 chunks drawn
+//     from a --corpus-chunk corpus: chunk tokens prefilled in total with and
+//     without the shared tier, vs the tokens of the distinct chunks drawn.
+//
+//   remote_bench [--masters 3] [--chunk-tokens 512] [--context 4096] [--reps 5]
+//                [--queries 200] [--corpus 64] [--rr-chunk-tokens 128]
+//                [--threads 1] [--server BIN]
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cache_store/chunk_store.h"
+#include "cache_store/malloc_tuning.h"
+#include "cache_store/redis_cluster.h"
+#include "client/client.h"
+#include "engine/chunk/chunk_codec.h"
+#include "engine/chunk/chunk_prefill.h"
+#include "engine/model/model.h"
+#include "engine/model/runtime.h"
+#include "engine/model/test_model.h"
+#include "engine/text/tokenizer.h"
+#include "infoflow/v1/infoflow.grpc.pb.h"
+#include "tests/reliability/server_process.h"
+#include "tests/remote/redis_cluster_fixture.h"
+
+namespace infoflow {
+namespace {
+
+namespace fs = std::filesystem;
+namespace v1 = ::infoflow::v1;
+using Clock = std::chrono::steady_clock;
+
+double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+const char* const kVocab[] = {"river", "lamp", "garden", "copper", "window", "orange", "street",
+                              "quiet", "north", "bridge", "winter", "letter", "silver", "market",
+                              "forest", "engine", "paper", "yellow", "harbor", "candle", "stone",
+                              "village", "morning", "teacher", "kitchen", "mountain", "story"};
+
+// Text of about `tokens` tokens under `tok`, distinct per seed.
+std::string TextOfTokens(const Tokenizer& tok, int64_t tokens, uint32_t seed) {
+  std::string t = "Record " + std::to_string(seed) + ":";
+  uint32_t x = seed * 2654435761u + 17u;
+  while (static_cast<int64_t>(tok.Encode(t).size()) < tokens) {
+    for (int i = 0; i < 16; ++i) {
+      x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+      t += " ";
+      t += kVocab[x % (sizeof kVocab / sizeof kVocab[0])];
+    }
+  }
+  return t;
+}
+
+struct Throughput {
+  double parallel_gbs = 0, serial_gbs = 0, verify_gbs = 0;
+};
+
+Throughput MeasureFetch(store::RedisCluster& c, const std::vector<std::string>& keys,
+                        uint64_t bytes, int reps, bool verify) {
+  Throughput t;
+  (void)c.MultiGet(keys);  // warm the connections
+  std::vector<double> par, ser, ver;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = Clock::now();
+    auto got = c.MultiGet(keys);
+    par.push_back(Ms(Clock::now() - t0));
+    for (auto& g : got) {
+      if (!g.ok() || !g->has_value()) std::fprintf(stderr, "fetch failed\n");
+    }
+    t0 = Clock::now();
+    for (const std::string& k : keys) (void)c.Get(k);
+    ser.push_back(Ms(Clock::now() - t0));
+    if (verify) {
+      t0 = Clock::now();
+      auto got2 = c.MultiGet(keys);
+      for (auto& g : got2) {
+        auto v = store::ChunkValue::Create(**std::move(g));
+        if (!v.ok()) std::fprintf(stderr, "verify failed\n");
+      }
+      ver.push_back(Ms(Clock::now() - t0));
+    }
+  }
+  t.parallel_gbs = bytes / (Median(par) / 1e3) / 1e9;
+  t.serial_gbs = bytes / (Median(ser) / 1e3) / 1e9;
+  if (verify) t.verify_gbs = bytes / (Median(ver) / 1e3) / 1e9;
+  return t;
+}
+
+int Main(int argc, char** argv) {
+  int masters = 3, reps = 5, queries = 200, corpus = 64, threads = 1;
+  int64_t chunk_tokens = 512, context = 4096, rr_chunk_tokens = 128;
+  std::string server_bin = INFOFLOW_SERVER_BIN;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    if (f == "--help" || f == "-h" || i + 1 >= argc) {
+      std::printf(
+          "usage: remote_bench [--masters 3] [--chunk-tokens 512] [--context 4096] [--reps 5]\n"
+          "  [--queries 200] [--corpus 64] [--rr-chunk-tokens 128] [--threads 1] [--server BIN]\n"
+          "Starts a Redis Cluster (redis-server, no replicas) and infoflow-server processes on\n"
+          "127.0.0.1 and measures the shared tier: fetch GB/s, TTFT by tier, and tokens\n"
+          "prefilled by two round-robin replicas with and without it.\n");
+      return f == "--help" || f == "-h" ? 0 : 2;
+    }
+    const std::string v = argv[++i];
+    if (f == "--masters") masters = std::max(1, std::atoi(v.c_str()));
+    else if (f == "--chunk-tokens") chunk_tokens = std::atoll(v.c_str());
+    else if (f == "--context") context = std::atoll(v.c_str());
+    else if (f == "--reps") reps = std::max(1, std::atoi(v.c_str()));
+    else if (f == "--queries") queries = std::atoi(v.c_str());
+    else if (f == "--corpus") corpus = std::atoi(v.c_str());
+    else if (f == "--rr-chunk-tokens") rr_chunk_tokens = std::atoll(v.c_str());
+    else if (f == "--threads") threads = std::atoi(v.c_str());
+    else if (f == "--server") server_bin = v;
+    else {
+      std::fprintf(stderr, "remote_bench: unknown flag %s (see --help)\n", f.c_str());
+      return 2;
+    }
+  }
+  InitTorchRuntime(threads);
+  // As store_bench: without it glibc re-faults every freed MB-sized buffer.
+  if (!store::TuneMallocForLargeValues()) return 1;
+  const std::string model_dir = (fs::temp_directory_path() / "infoflow-serve-bench-model").string();
+  if (!fs::exists(model_dir + "/model.safetensors")) {
+    TestModelSpec spec;  // serve_bench's model
+    spec.hidden_size = 512;
+    spec.num_layers = 6;
+    spec.num_heads = 8;
+    spec.num_kv_heads = 4;
+    spec.intermediate_size = 1408;
+    spec.vocab_size = 2048;
+    spec.max_position_embeddings = 32768;
+    if (absl::Status s = WriteTestModel(model_dir, spec); !s.ok()) {
+      std::fprintf(stderr, "%s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+  static testing::RedisClusterProcess cluster("bench");
+  // The error paths below std::exit(1): stop the cluster's processes then too.
+  std::atexit([] { cluster.Stop(); });
+  std::string err;
+  if (!cluster.Start(masters, 0, &err)) {
+    std::fprintf(stderr, "cluster: %s\n", err.c_str());
+    return 1;
+  }
+  std::printf("cluster: %d masters on 127.0.0.1 (redis-server %s)\n", masters,
+              cluster.Admin(0, {"INFO", "server"}).find("redis_version:7") != std::string::npos
+                  ? "7.x"
+                  : "?");
+  store::RedisClusterOptions co;
+  co.seeds = cluster.Seeds();
+  co.timeout = std::chrono::milliseconds(2000);
+  auto rc = store::RedisCluster::Create(co);
+  if (!rc.ok()) return 1;
+
+  // ---- 1. fetch throughput.
+  {
+    std::mt19937_64 rng(1);
+    std::vector<std::string> keys;
+    uint64_t bytes = 0;
+    for (int i = 0; i < 8; ++i) {
+      std::string v(1 << 20, '\0');
+      for (auto& ch : v) ch = static_cast<char>(rng());
+      keys.push_back("bench:mib:" + std::to_string(i));
+      bytes += v.size();
+      if (!(*rc)->Set(keys.back(), v).ok()) return 1;
+    }
+    Throughput t = MeasureFetch(**rc, keys, bytes, 2 * reps + 1, false);
+    std::printf("\nfetch 8 x 1 MiB: parallel MultiGet %.2f GB/s, one GET at a time %.2f GB/s\n",
+                t.parallel_gbs, t.serial_gbs);
+  }
+  LoadOptions lo;
+  lo.device = "cpu";
+  auto model = Model::Load(model_dir, lo);
+  auto tok = Tokenizer::FromFile(model_dir + "/tokenizer.json");
+  if (!model.ok() || !tok.ok()) return 1;
+  {
+    std::vector<std::string> keys;
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < 8; ++i) {
+      std::vector<int32_t> ids = (*tok)->Encode(TextOfTokens(**tok, chunk_tokens, 500 + i));
+      ids.resize(std::min<size_t>(ids.size(), chunk_tokens));
+      auto kv = PrefillChunk(**model, ids, PrefixMode::kBos);
+      auto rec = EncodeChunkRecord(**model, *kv, PrefixMode::kBos);
+      if (!rec.ok()) return 1;
+      keys.push_back("bench:rec:" + ChunkKeyFor(**model, ids, PrefixMode::kBos).Hex());
+      bytes += rec->size();
+      if (!(*rc)->Set(keys.back(), *rec).ok()) return 1;
+    }
+    Throughput t = MeasureFetch(**rc, keys, bytes, 2 * reps + 1, true);
+    std::printf("fetch 8 chunk records (%lld tokens, %.2f MiB each): parallel MultiGet %.2f GB/s, "
+                "+ verification %.2f GB/s, one GET at a time %.2f GB/s\n",
+                static_cast<long long>(chunk_tokens), bytes / 8.0 / (1 << 20), t.parallel_gbs,
+                t.verify_gbs, t.serial_gbs);
+  }
+
+  // ---- 2. TTFT by tier at `context` tokens.
+  const std::string root =
+      (fs::temp_directory_path() / ("infoflow-remote-bench-" + std::to_string(getpid()))).string();
+  fs::remove_all(root);
+  auto server = [&](const std::string& name, std::vector<std::string> extra) {
+    extra.push_back("--threads=" + std::to_string(threads));
+    extra.push_back("--store-sync=false");
+    extra.push_back("--max-context-tokens=" + std::to_string(context + 2048));
+    extra.push_back("--max-chunk-tokens=" + std::to_string(std::max<int64_t>(2048, chunk_tokens)));
+    fs::create_directories(root + "/" + name);
+    return std::make_unique<testing::ServerProcess>(server_bin, model_dir, root + "/" + name + "/kv",
+                                                    root + "/" + name + "/log", extra);
+  };
+  // A generous timeout: this is a throughput run on a shared 2-core box, not
+  // a fault drill (the default 250 ms is for latency-bound serving).
+  const std::string remote = "--remote-redis=" + cluster.SeedList();
+  const std::string remote_timeout = "--remote-timeout-ms=2000";
+  auto s_ram = server("ram", {remote, remote_timeout, "--remote-key-prefix=ttft:"});
+  auto s_disk = server("disk", {remote, remote_timeout, "--remote-key-prefix=ttft:", "--ram-bytes=0"});
+  auto s_none = server("none", {});
+  for (auto* s : {s_ram.get(), s_disk.get(), s_none.get()}) {
+    if (!s->Start(&err, std::chrono::seconds(300))) {
+      std::fprintf(stderr, "server: %s\n", err.c_str());
+      return 1;
+    }
+  }
+  auto client_of = [](const testing::ServerProcess& s) {
+    client::ClientOptions o;
+    o.address = s.address();
+    o.timeout_ms = 600000;
+    return client::Client(o);
+  };
+  client::Client c_ram = client_of(*s_ram), c_disk = client_of(*s_disk), c_none = client_of(*s_none);
+  std::vector<std::string> texts;
+  for (int64_t n = 0, i = 0; n < context; ++i) {
+    texts.push_back(TextOfTokens(**tok, chunk_tokens, 100 + static_cast<uint32_t>(i)));
+    n += static_cast<int64_t>((*tok)->Encode(texts.back()).size());
+  }
+  std::vector<std::string> keys;
+  {
+    v1::IngestRequest req;
+    for (const auto& t : texts) req.add_chunks()->set_text(t);
+    auto r = c_ram.Ingest(req);  // writes through to the cluster
+    if (!r.ok()) {
+      std::fprintf(stderr, "ingest: %s\n", r.status().ToString().c_str());
+      return 1;
+    }
+    for (const auto& res : r->results()) keys.push_back(res.chunk_key());
+    if (!c_none.Ingest(req).ok()) return 1;
+  }
+  auto query = [&](client::Client& c, bool by_text) {
+    v1::QueryRequest req;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (by_text) req.add_chunks()->set_text(texts[i]);
+      else req.add_chunks()->set_key(keys[i]);
+    }
+    req.set_question("Which village is north of the copper bridge?");
+    req.set_method(v1::METHOD_INFOFLOW);
+    req.set_max_new_tokens(1);
+    req.set_return_report(true);
+    auto r = c.Query(req, [](const v1::TokenEvent&) {});
+    if (!r.ok()) {
+      std::fprintf(stderr, "query: %s\n", r.status().ToString().c_str());
+      std::exit(1);
+    }
+    return *r;
+  };
+  auto delete_local = [&](const testing::ServerProcess& s) {
+    auto admin = v1::Admin::NewStub(s.channel());
+    for (const auto& k : keys) {
+      grpc::ClientContext ctx;
+      v1::DeleteChunkRequest req;
+      req.set_chunk_key(k);
+      v1::DeleteChunkResponse resp;
+      (void)admin->DeleteChunk(&ctx, req, &resp);
+    }
+  };
+  (void)query(c_disk, false);  // fills s_disk's RocksDB from the cluster
+  (void)query(c_ram, false);
+  std::vector<double> t_ram, t_disk, t_cluster, t_recompute;
+  int64_t ctx_tokens = 0;
+  int cluster_hits = 0;
+  for (int r = 0; r < reps; ++r) {
+    delete_local(*s_ram);
+    v1::Report rep = query(c_ram, false);
+    t_cluster.push_back(rep.ttft_ms());
+    cluster_hits = rep.chunk_remote_hits();
+    t_ram.push_back(query(c_ram, false).ttft_ms());
+    t_disk.push_back(query(c_disk, false).ttft_ms());
+    delete_local(*s_none);
+    rep = query(c_none, true);
+    ctx_tokens = rep.context_tokens();
+    t_recompute.push_back(rep.ttft_ms());
+  }
+  std::printf("\nINFOFLOW TTFT, %lld context tokens in %zu chunks (median of %d, server-side):\n"
+              "  RAM %.1f ms | RocksDB %.1f ms | cluster %.1f ms (%d/%zu chunks from the cluster) | "
+              "recompute %.1f ms\n",
+              static_cast<long long>(ctx_tokens), keys.size(), reps, Median(t_ram), Median(t_disk),
+              Median(t_cluster), cluster_hits, keys.size(), Median(t_recompute));
+  s_ram.reset();
+  s_disk.reset();
+  s_none.reset();
+
+  // ---- 3. two replicas behind round-robin.
+  std::vector<std::string> corpus_texts;
+  std::vector<int64_t> corpus_tokens;
+  for (int i = 0; i < corpus; ++i) {
+    corpus_texts.push_back(TextOfTokens(**tok, rr_chunk_tokens, 9000 + static_cast<uint32_t>(i)));
+    corpus_tokens.push_back(static_cast<int64_t>((*tok)->Encode(corpus_texts.back()).size()));
+  }
+  std::mt19937 rng(42);
+  std::vector<std::vector<int>> draws(queries);
+  std::set<int> distinct;
+  for (auto& d : draws) {
+    while (d.size() < 4) {
+      const int c = static_cast<int>(rng() % corpus);
+      if (std::find(d.begin(), d.end(), c) == d.end()) d.push_back(c);
+    }
+    for (int c : d) distinct.insert(c);
+  }
+  int64_t distinct_tokens = 0;
+  for (int c : distinct) distinct_tokens += corpus_tokens[c];
+  auto run_pair = [&](bool shared, const std::string& tag) -> int64_t {
+    std::vector<std::string> extra;
+    if (shared) extra = {remote, remote_timeout, "--remote-key-prefix=rr" + tag + ":"};
+    auto r1 = server("rr1" + tag, extra), r2 = server("rr2" + tag, extra);
+    if (!r1->Start(&err, std::chrono::seconds(300)) || !r2->Start(&err, std::chrono::seconds(300))) {
+      std::fprintf(stderr, "server: %s\n", err.c_str());
+      std::exit(1);
+    }
+    client::Client c1 = client_of(*r1), c2 = client_of(*r2);
+    for (int q = 0; q < queries; ++q) {
+      v1::QueryRequest req;
+      for (int c : draws[q]) req.add_chunks()->set_text(corpus_texts[c]);
+      req.set_question("Which village is north of the copper bridge?");
+      req.set_max_new_tokens(1);
+      auto r = (q % 2 ? c2 : c1).Query(req, [](const v1::TokenEvent&) {});
+      if (!r.ok()) {
+        std::fprintf(stderr, "rr query: %s\n", r.status().ToString().c_str());
+        std::exit(1);
+      }
+    }
+    return static_cast<int64_t>(testing::PromValue(r1->Metrics(), "infoflow_ingest_tokens_total") +
+                                testing::PromValue(r2->Metrics(), "infoflow_ingest_tokens_total"));
+  };
+  const auto rr0 = Clock::now();
+  const int64_t without = run_pair(false, "local");
+  const double without_s = Ms(Clock::now() - rr0) / 1e3;
+  const auto rr1 = Clock::now();
+  const int64_t with = run_pair(true, "shared");
+  const double with_s = Ms(Clock::now() - rr1) / 1e3;
+  std::printf("\nround-robin over 2 replicas, %d queries x 4 chunks from a %d-chunk corpus "
+              "(~%lld tokens/chunk; %zu distinct chunks drawn, %lld tokens):\n"
+              "  tokens prefilled without the shared tier: %lld (%.2fx the distinct tokens, %.1f s)\n"
+              "  tokens prefilled with the shared tier:    %lld (%.2fx, %.1f s)\n",
+              queries, corpus, static_cast<long long>(rr_chunk_tokens), distinct.size(),
+              static_cast<long long>(distinct_tokens), static_cast<long long>(without),
+              static_cast<double>(without) / distinct_tokens, without_s,
+              static_cast<long long>(with), static_cast<double>(with) / distinct_tokens, with_s);
+  fs::remove_all(root);
+  return 0;
+}
+
+}  // namespace
+}  // namespace infoflow
+
+int main(int argc, char** argv) { return infoflow::Main(argc, argv); }

@@ -1,0 +1,497 @@
+// RedisCluster (cache_store/redis_cluster.h) and ChunkStore's shared tier
+// against a REAL Redis Cluster (3 masters + 3 replicas of redis-server on
+// 127.0.0.1, tests/remote/redis_cluster_fixture.h). No mocks.
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cache_store/chunk_store.h"
+#include "cache_store/redis_cluster.h"
+#include "gtest/gtest.h"
+#include "tests/remote/redis_cluster_fixture.h"
+#include "tests/store/store_test_util.h"
+#include "tests/store/test_records.h"
+
+namespace infoflow::store {
+namespace {
+
+using infoflow::testing::RedisClusterProcess;
+using Clock = std::chrono::steady_clock;
+
+double MsSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// One cluster shared by the tests that do not break it.
+RedisClusterProcess* SharedCluster() {
+  static RedisClusterProcess* cluster = [] {
+    auto* c = new RedisClusterProcess("shared");
+    std::string error;
+    if (!c->Start(3, 1, &error)) {
+      std::fprintf(stderr, "cannot start the test cluster: %s\n", error.c_str());
+      std::abort();
+    }
+    return c;
+  }();
+  return cluster;
+}
+
+class ClusterEnv : public ::testing::Environment {
+ public:
+  void TearDown() override { SharedCluster()->Stop(); }
+};
+const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new ClusterEnv);
+
+std::unique_ptr<RedisCluster> Connect(const std::vector<std::string>& seeds,
+                                      RedisClusterOptions o = {}) {
+  o.seeds = seeds;
+  absl::StatusOr<std::unique_ptr<RedisCluster>> c = RedisCluster::Create(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *std::move(c) : nullptr;
+}
+
+TEST(RedisClusterSlotTest, Crc16AndKeySlotVectors) {
+  // The reference vector of CRC16/XMODEM and the Redis Cluster spec's.
+  EXPECT_EQ(RedisCluster::Crc16("123456789"), 0x31C3);
+  EXPECT_EQ(RedisCluster::KeySlot("123456789"), 12739);
+  EXPECT_EQ(RedisCluster::Crc16(""), 0);
+  // Hash tags: only the first {...} with something inside counts.
+  EXPECT_EQ(RedisCluster::KeySlot("{user1000}.following"), RedisCluster::KeySlot("user1000"));
+  EXPECT_EQ(RedisCluster::KeySlot("{user1000}.followers"), RedisCluster::KeySlot("user1000"));
+  EXPECT_EQ(RedisCluster::KeySlot("foo{}{bar}"), RedisCluster::Crc16("foo{}{bar}") & 16383);
+  EXPECT_EQ(RedisCluster::KeySlot("foo{{bar}}zap"), RedisCluster::KeySlot("{bar"));
+  EXPECT_EQ(RedisCluster::KeySlot("foo{bar}{zap}"), RedisCluster::KeySlot("bar"));
+  EXPECT_EQ(RedisCluster::KeySlot("no-open}brace{"), RedisCluster::Crc16("no-open}brace{") & 16383);
+}
+
+TEST(RedisClusterSlotTest, KeySlotAgreesWithTheServer) {
+  RedisClusterProcess* cluster = SharedCluster();
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 40; ++i) {
+    std::string key = "ifkv:";
+    for (int j = 0; j < 32; ++j) key.push_back(static_cast<char>(rng() & 0xff));
+    if (i % 4 == 0) key = "{tag" + std::to_string(i) + "}suffix" + std::to_string(i);
+    const std::string server = cluster->Admin(0, {"CLUSTER", "KEYSLOT", key});
+    ASSERT_EQ(std::to_string(RedisCluster::KeySlot(key)), server) << "key " << i;
+  }
+}
+
+TEST(RedisClusterSeedsTest, ParseSeeds) {
+  auto ok = ParseRedisSeeds("127.0.0.1:7000, redis-0.redis:6379");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->size(), 2u);
+  EXPECT_EQ((*ok)[1], "redis-0.redis:6379");
+  for (const char* bad : {"", "host", "host:", ":7000", "h:0", "h:70000", "a:1,,b:2", "h:x"}) {
+    EXPECT_FALSE(ParseRedisSeeds(bad).ok()) << bad;
+  }
+}
+
+TEST(RedisClusterTest, SetGetAcrossAllMasters) {
+  RedisClusterProcess* cluster = SharedCluster();
+  auto c = Connect(cluster->Seeds());
+  ASSERT_NE(c, nullptr);
+  std::vector<std::string> keys;
+  std::set<std::string> masters;
+  for (int i = 0; i < 300; ++i) {
+    keys.push_back("t1:key" + std::to_string(i));
+    masters.insert(c->NodeForSlot(RedisCluster::KeySlot(keys.back())));
+  }
+  EXPECT_EQ(masters.size(), 3u) << "keys should span every master";
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(c->Set(keys[i], "value-" + std::to_string(i)).ok());
+  }
+  keys.push_back("t1:never-written");
+  auto got = c->MultiGet(keys);
+  ASSERT_EQ(got.size(), keys.size());
+  for (size_t i = 0; i + 1 < keys.size(); ++i) {
+    ASSERT_TRUE(got[i].ok()) << got[i].status();
+    ASSERT_TRUE(got[i]->has_value()) << keys[i];
+    EXPECT_EQ(**got[i], "value-" + std::to_string(i));
+  }
+  ASSERT_TRUE(got.back().ok());
+  EXPECT_FALSE(got.back()->has_value());
+  // Binary-safe keys and values, TTL, DEL.
+  std::string bin_key("ifkv:\0\x01{\xff}", 10), bin_val("\0\r\n\xfe", 4);
+  ASSERT_TRUE(c->Set(bin_key, bin_val, /*ttl_seconds=*/100).ok());
+  auto g = c->Get(bin_key);
+  ASSERT_TRUE(g.ok() && g->has_value());
+  EXPECT_EQ(**g, bin_val);
+  const int ttl = std::stoi(cluster->Admin(
+      cluster->IndexOfPort(cluster->MasterPortForSlot(RedisCluster::KeySlot(bin_key))),
+      {"TTL", bin_key}));
+  EXPECT_GT(ttl, 90);
+  EXPECT_LE(ttl, 100);
+  EXPECT_TRUE(*c->Del(bin_key));
+  EXPECT_FALSE(*c->Del(bin_key));
+  EXPECT_EQ(c->counters().moved.load(), 0u);
+}
+
+TEST(RedisClusterTest, ParallelCallersShareThePool) {
+  RedisClusterProcess* cluster = SharedCluster();
+  auto c = Connect(cluster->Seeds());
+  ASSERT_NE(c, nullptr);
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 50; ++i) {
+        const std::string k = "t2:" + std::to_string(t) + ":" + std::to_string(i);
+        if (!c->Set(k, k + "!").ok()) wrong++;
+        auto g = c->Get(k);
+        if (!g.ok() || !g->has_value() || **g != k + "!") wrong++;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_LE(c->counters().connects.load(), 3u * 8 + 6) << "connections are pooled per node";
+}
+
+// Moves `slot` from its master to another one the way redis-cli --cluster
+// reshard does, stopping after `stage`: 1 = MIGRATING/IMPORTING set and
+// the keys moved (ASK territory), 2 = ownership handed over (MOVED).
+void MoveSlot(RedisClusterProcess* cluster, int slot, int stage, int* from_port, int* to_port) {
+  const int src_port = cluster->MasterPortForSlot(slot);
+  ASSERT_GT(src_port, 0);
+  const int src = cluster->IndexOfPort(src_port);
+  int dst = -1;
+  for (size_t i = 0; i < cluster->nodes().size(); ++i) {
+    if (static_cast<int>(i) == src || cluster->nodes()[i].pid <= 0) continue;
+    if (cluster->Admin(i, {"INFO", "replication"}).find("role:master") != std::string::npos) {
+      dst = static_cast<int>(i);
+      break;
+    }
+  }
+  ASSERT_GE(dst, 0);
+  *from_port = src_port;
+  *to_port = cluster->nodes()[dst].port;
+  const std::string src_id = cluster->Admin(src, {"CLUSTER", "MYID"});
+  const std::string dst_id = cluster->Admin(dst, {"CLUSTER", "MYID"});
+  const std::string s = std::to_string(slot);
+  ASSERT_EQ(cluster->Admin(dst, {"CLUSTER", "SETSLOT", s, "IMPORTING", src_id}), "OK");
+  ASSERT_EQ(cluster->Admin(src, {"CLUSTER", "SETSLOT", s, "MIGRATING", dst_id}), "OK");
+  const std::string keys = cluster->Admin(src, {"CLUSTER", "GETKEYSINSLOT", s, "1000"});
+  size_t pos = 0;
+  while (pos < keys.size()) {
+    size_t nl = keys.find('\n', pos);
+    if (nl == std::string::npos) nl = keys.size();
+    const std::string k = keys.substr(pos, nl - pos);
+    pos = nl + 1;
+    if (k.empty()) continue;
+    ASSERT_EQ(cluster->Admin(src, {"MIGRATE", "127.0.0.1", std::to_string(*to_port), k, "0",
+                                   "5000"}),
+              "OK");
+  }
+  if (stage < 2) return;
+  for (size_t i = 0; i < cluster->nodes().size(); ++i) {
+    if (cluster->nodes()[i].pid <= 0) continue;
+    if (cluster->Admin(i, {"INFO", "replication"}).find("role:master") == std::string::npos) {
+      continue;
+    }
+    ASSERT_EQ(cluster->Admin(i, {"CLUSTER", "SETSLOT", s, "NODE", dst_id}), "OK");
+  }
+}
+
+TEST(RedisClusterTest, FollowsAskThenMovedDuringAReshard) {
+  RedisClusterProcess* cluster = SharedCluster();
+  auto c = Connect(cluster->Seeds());
+  ASSERT_NE(c, nullptr);
+  const std::string key = "{reshard}k";
+  const int slot = RedisCluster::KeySlot(key);
+  ASSERT_TRUE(c->Set(key, "before").ok());
+  int from = 0, to = 0;
+  ASSERT_NO_FATAL_FAILURE(MoveSlot(cluster, slot, 1, &from, &to));
+  // Mid-migration: the key lives on the target already; the source answers
+  // ASK and the client retries there with ASKING, keeping its slot map.
+  auto g = c->Get(key);
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE(g->has_value());
+  EXPECT_EQ(**g, "before");
+  EXPECT_GE(c->counters().ask.load(), 1u);
+  EXPECT_EQ(c->NodeForSlot(slot), "127.0.0.1:" + std::to_string(from));
+  // Ownership handed over: MOVED, the map is updated.
+  ASSERT_NO_FATAL_FAILURE(MoveSlot(cluster, slot, 2, &from, &to));
+  ASSERT_TRUE(c->Set(key, "after").ok());
+  EXPECT_GE(c->counters().moved.load(), 1u);
+  EXPECT_EQ(c->NodeForSlot(slot), "127.0.0.1:" + std::to_string(to));
+  g = c->Get(key);
+  ASSERT_TRUE(g.ok() && g->has_value());
+  EXPECT_EQ(**g, "after");
+}
+
+TEST(RedisClusterTest, CircuitBreakerBoundsTheDelayOfADeadCluster) {
+  // Nothing listens on these ports: connection refused.
+  std::vector<int> ports = infoflow::testing::FreePorts(3);
+  std::vector<std::string> seeds;
+  for (int p : ports) seeds.push_back("127.0.0.1:" + std::to_string(p));
+  RedisClusterOptions o;
+  o.timeout = std::chrono::milliseconds(100);
+  o.breaker_threshold = 3;
+  o.breaker_cooldown = std::chrono::milliseconds(400);
+  auto c = Connect(seeds, o);
+  ASSERT_NE(c, nullptr);
+  int failed = 0;
+  for (int i = 0; i < 3 && !c->circuit_open(); ++i) {
+    auto g = c->Get("k");
+    EXPECT_FALSE(g.ok());
+    EXPECT_STREQ(RedisErrorKind(g.status()), "connection") << g.status();
+    ++failed;
+  }
+  EXPECT_TRUE(c->circuit_open()) << "after " << failed << " failed calls";
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 100; ++i) {
+    auto g = c->Get("k");
+    ASSERT_FALSE(g.ok());
+    EXPECT_STREQ(RedisErrorKind(g.status()), "circuit_open");
+  }
+  EXPECT_LT(MsSince(t0), 50) << "an open circuit fails at once";
+  EXPECT_GE(c->counters().breaker_rejections.load(), 100u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(450));
+  auto probe = c->Get("k");  // half-open: tried, fails, re-opens
+  EXPECT_STREQ(RedisErrorKind(probe.status()), "connection");
+  EXPECT_TRUE(c->circuit_open());
+  EXPECT_GE(c->counters().breaker_opens.load(), 2u);
+}
+
+TEST(RedisClusterTest, TimeoutOnASilentNodeIsBounded) {
+  // A socket that accepts (the kernel does, from the backlog) but never
+  // answers: every command times out.
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(fd, 64), 0);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  RedisClusterOptions o;
+  o.timeout = std::chrono::milliseconds(100);
+  o.max_attempts = 2;
+  o.breaker_threshold = 2;
+  o.breaker_cooldown = std::chrono::seconds(30);
+  const auto t_create = Clock::now();
+  auto c = Connect({"127.0.0.1:" + std::to_string(ntohs(a.sin_port))}, o);
+  ASSERT_NE(c, nullptr);
+  EXPECT_LT(MsSince(t_create), 400) << "the initial slot map load is bounded too";
+  const auto t0 = Clock::now();
+  auto g = c->Get("k");
+  const double ms = MsSince(t0);
+  EXPECT_FALSE(g.ok());
+  EXPECT_STREQ(RedisErrorKind(g.status()), "timeout") << g.status();
+  // max_attempts x (timeout) plus a slot-map refresh attempt in between.
+  EXPECT_LT(ms, 4 * 100 + 150);
+  EXPECT_TRUE(c->circuit_open());
+  const auto t1 = Clock::now();
+  EXPECT_FALSE(c->Get("k").ok());
+  EXPECT_LT(MsSince(t1), 20);
+  close(fd);
+}
+
+TEST(RedisClusterTest, AuthFromOptions) {
+  RedisClusterProcess cluster("auth");
+  std::string error;
+  ASSERT_TRUE(cluster.Start(3, 0, &error, 1000, "s3cret-pw")) << error;
+  RedisClusterOptions o;
+  o.breaker_threshold = 100;
+  auto anon = Connect(cluster.Seeds(), o);
+  ASSERT_NE(anon, nullptr);
+  EXPECT_FALSE(anon->Set("a", "b").ok()) << "NOAUTH without a password";
+  o.password = "s3cret-pw";
+  auto authed = Connect(cluster.Seeds(), o);
+  ASSERT_TRUE(authed->Set("a", "b").ok());
+  o.user = "default";  // ACL form: AUTH user password
+  auto acl = Connect(cluster.Seeds(), o);
+  auto g = acl->Get("a");
+  ASSERT_TRUE(g.ok() && g->has_value()) << g.status();
+  EXPECT_EQ(**g, "b");
+}
+
+TEST(RedisClusterFailoverTest, FollowsTheNewMasterAfterKill9) {
+  RedisClusterProcess cluster("failover_client");
+  std::string error;
+  ASSERT_TRUE(cluster.Start(3, 1, &error, 1000)) << error;
+  auto c = Connect(cluster.Seeds());
+  ASSERT_NE(c, nullptr);
+  const std::string key = "{fo}key";
+  const int slot = RedisCluster::KeySlot(key);
+  ASSERT_TRUE(c->Set(key, "v1").ok());
+  // Wait until the replica has it (replication is asynchronous).
+  const int master_port = cluster.MasterPortForSlot(slot);
+  // (WAIT from another connection would not wait for this client's write:
+  // poll the replica's key count instead.)
+  const int master = cluster.IndexOfPort(master_port);
+  ASSERT_TRUE(RedisClusterProcess::WaitFor(
+      [&] {
+        for (size_t i = 0; i < cluster.nodes().size(); ++i) {
+          if (cluster.Admin(i, {"INFO", "replication"})
+                  .find("master_port:" + std::to_string(master_port) + "\r") != std::string::npos) {
+            return cluster.Admin(i, {"DBSIZE"}) == cluster.Admin(master, {"DBSIZE"});
+          }
+        }
+        return false;
+      },
+      10))
+      << "the replica never caught up";
+  cluster.Kill(cluster.IndexOfPort(master_port));
+  // Keep going until the replica has taken over; errors in between are
+  // bounded, never wrong values.
+  const auto t0 = Clock::now();
+  int errors = 0;
+  bool ok = false;
+  while (MsSince(t0) < 15000) {
+    auto g = c->Get(key);
+    if (g.ok()) {
+      ASSERT_TRUE(g->has_value());
+      EXPECT_EQ(**g, "v1");
+      ok = true;
+      break;
+    }
+    ++errors;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(ok) << "no failover within 15 s";
+  EXPECT_NE(c->NodeForSlot(slot), "127.0.0.1:" + std::to_string(master_port));
+  EXPECT_EQ(c->NodeForSlot(slot), "127.0.0.1:" + std::to_string(cluster.MasterPortForSlot(slot)));
+  EXPECT_GT(c->counters().slot_map_refreshes.load(), 1u);
+  ASSERT_TRUE(c->Set(key, "v2").ok());
+  std::printf("failover: %d failed reads over %.0f ms before the replica served\n", errors,
+              MsSince(t0));
+}
+
+// ---- ChunkStore's shared tier ----
+
+using testing::MakeRecord;
+using testing::TempDir;
+
+ChunkStoreOptions RemoteStoreOptions(const std::string& path, const std::string& prefix) {
+  ChunkStoreOptions o;
+  o.path = path;
+  o.sync = false;
+  o.remote.cluster.seeds = SharedCluster()->Seeds();
+  o.remote.key_prefix = prefix;
+  o.remote.model_fingerprint = "test-model";
+  return o;
+}
+
+TEST(SharedTierTest, OffByDefault) {
+  TempDir dir;
+  ChunkStoreOptions o;
+  o.path = dir.path();
+  auto s = ChunkStore::Open(o);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ((*s)->remote_cluster(), nullptr);
+  EXPECT_EQ((*s)->counters().remote_enabled.load(), 0u);
+}
+
+TEST(SharedTierTest, ReplicaBReadsWhatReplicaAWrote) {
+  TempDir da, db;
+  auto a = ChunkStore::Open(RemoteStoreOptions(da.path(), "st1:"));
+  auto b = ChunkStore::Open(RemoteStoreOptions(db.path(), "st1:"));
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<testing::TestRecord> recs;
+  std::vector<ChunkKey> keys;
+  for (int i = 0; i < 12; ++i) {
+    recs.push_back(MakeRecord(1000 + i));
+    keys.push_back(recs.back().key);
+    ASSERT_EQ(*(*a)->Put(recs.back().key, recs.back().bytes), PutResult::kStored);
+  }
+  EXPECT_EQ((*a)->counters().remote_writes.load(), 12u);
+  auto got = (*b)->MultiGet(keys);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(got[i].ok());
+    ASSERT_EQ(got[i]->status, GetStatus::kFound) << i;
+    EXPECT_TRUE(got[i]->from_remote);
+    EXPECT_EQ(got[i]->value->bytes(), recs[i].bytes);
+  }
+  EXPECT_EQ((*b)->counters().remote_hits.load(), 12u);
+  EXPECT_EQ((*b)->counters().misses.load(), 0u);
+  // Filled locally: the next read is local (disk after the RAM tier is
+  // dropped), with no trip to the cluster.
+  (*b)->ClearRamTierForTesting();
+  auto again = (*b)->Get(keys[0]);
+  ASSERT_EQ(again->status, GetStatus::kFound);
+  EXPECT_FALSE(again->from_remote);
+  EXPECT_EQ((*b)->counters().disk_hits.load(), 1u);
+  EXPECT_EQ((*b)->counters().remote_hits.load(), 12u);
+  EXPECT_GT((*b)->counters().remote_fetch_count.load(), 0u);
+  // Unknown everywhere: a miss.
+  auto none = (*b)->Get(MakeRecord(99999).key);
+  EXPECT_EQ(none->status, GetStatus::kNotFound);
+  EXPECT_EQ((*b)->counters().remote_misses.load(), 1u);
+}
+
+TEST(SharedTierTest, CorruptAndForeignValuesAreMissesAndGetOverwritten) {
+  TempDir da, db;
+  auto a = ChunkStore::Open(RemoteStoreOptions(da.path(), "st2:"));
+  auto b = ChunkStore::Open(RemoteStoreOptions(db.path(), "st2:"));
+  ASSERT_TRUE(a.ok() && b.ok());
+  RedisCluster* cl = (*a)->remote_cluster();
+  const auto rec = MakeRecord(7);
+  ASSERT_EQ(*(*a)->Put(rec.key, rec.bytes), PutResult::kStored);
+  // Flip one payload byte in the cluster.
+  std::string bad = rec.bytes;
+  bad[bad.size() - 5] ^= 0x20;
+  ASSERT_TRUE(cl->Set((*a)->RemoteKey(rec.key), bad).ok());
+  auto got = (*b)->Get(rec.key);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->status, GetStatus::kCorrupt);
+  EXPECT_EQ((*b)->counters().remote_corrupt.load(), 1u);
+  // Re-prefill (compute) writes the good record over the bad one.
+  auto fixed = (*b)->GetOrCompute(rec.key, [&] { return absl::StatusOr<std::string>(rec.bytes); });
+  ASSERT_TRUE(fixed.ok());
+  EXPECT_TRUE(fixed->computed);
+  auto now_there = cl->Get((*a)->RemoteKey(rec.key));
+  ASSERT_TRUE(now_there.ok() && now_there->has_value());
+  EXPECT_EQ(**now_there, rec.bytes);
+  // Get and GetOrCompute's own lookup: two trips, none from the leader's
+  // re-check after joining the compute.
+  EXPECT_EQ((*b)->counters().remote_corrupt.load(), 2u);
+
+  // A valid record of another model stored under our key: wrong_model.
+  const auto other = MakeRecord(8, {}, "other-model");
+  const auto mine = MakeRecord(9);
+  ASSERT_TRUE(cl->Set((*a)->RemoteKey(mine.key), other.bytes).ok());
+  auto w = (*b)->Get(mine.key);
+  EXPECT_EQ(w->status, GetStatus::kCorrupt);
+  EXPECT_EQ((*b)->counters().remote_wrong_model.load(), 1u);
+  // Garbage (not a record at all).
+  ASSERT_TRUE(cl->Set((*a)->RemoteKey(mine.key), "garbage").ok());
+  EXPECT_EQ((*b)->Get(mine.key)->status, GetStatus::kCorrupt);
+  EXPECT_EQ((*b)->counters().remote_corrupt.load(), 3u);
+  EXPECT_EQ((*b)->counters().remote_hits.load(), 0u);
+}
+
+TEST(SharedTierTest, DeadClusterIsAMissAndWritesDoNotFail) {
+  TempDir d;
+  ChunkStoreOptions o;
+  o.path = d.path();
+  o.sync = false;
+  for (int p : infoflow::testing::FreePorts(2)) {
+    o.remote.cluster.seeds.push_back("127.0.0.1:" + std::to_string(p));
+  }
+  o.remote.cluster.timeout = std::chrono::milliseconds(100);
+  auto s = ChunkStore::Open(o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const auto rec = MakeRecord(11);
+  auto put = (*s)->Put(rec.key, rec.bytes);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(*put, PutResult::kStored);
+  EXPECT_EQ((*s)->counters().remote_write_errors.load(), 1u);
+  EXPECT_EQ((*s)->Get(rec.key)->status, GetStatus::kFound);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ((*s)->Get(MakeRecord(100 + i).key)->status, GetStatus::kNotFound);
+  }
+  EXPECT_LT(MsSince(t0), 1000);
+  EXPECT_EQ((*s)->counters().redis.breaker_state.load(), 1);
+  EXPECT_GT((*s)->counters().remote_errors_circuit_open.load(), 0u);
+}
+
+}  // namespace
+}  // namespace infoflow::store
