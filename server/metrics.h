@@ -49,6 +49,9 @@ class Metrics {
                     int64_t generated_tokens);
   void AddIngestTokens(int64_t n);
   void AddInflightStreams(int delta);
+  // A query with a text prefix: its KV came from the store (`cached`) or was
+  // prefilled now; `tokens` is its length.
+  void AddPrefix(bool cached, int64_t tokens);
   // Bytes per token of stored chunk K/V under the server's --kv-codec.
   void SetKvBytesPerToken(const std::string& codec, double bytes);
 

