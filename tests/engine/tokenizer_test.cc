@@ -240,6 +240,39 @@ TEST(Tokenizer, PiecesParseSpecialOnlyWhereAllowed) {
   EXPECT_EQ(std::find(split.begin(), split.end(), 151645), split.end());
 }
 
+// The same rules without the network: a trained tokenizer whose "<|user|>"
+// is a special added token and "<tool>" a non-special one (added here).
+TEST(Tokenizer, PiecesParseSpecialOnlyWhereAllowedTrainedTokenizer) {
+  auto json = TrainByteLevelBpeTokenizerJson({"hello world, hello user"}, 300, {"<s>", "<|user|>"});
+  ASSERT_TRUE(json.ok()) << json.status();
+  const size_t at = json->find("\"added_tokens\"");
+  ASSERT_NE(at, std::string::npos) << json->substr(0, 200);
+  json->insert(json->find('[', at) + 1,
+               R"({"id": 1000, "content": "<tool>", "single_word": false, "lstrip": false,)"
+               R"( "rstrip": false, "normalized": false, "special": false},)");
+  auto tok = Tokenizer::FromJsonString(*json);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const int32_t user = *(*tok)->TokenToId("<|user|>");
+  ASSERT_TRUE((*tok)->IsSpecial(user));
+  ASSERT_EQ((*tok)->TokenToId("<tool>"), 1000);
+  const std::string text = "hello <|user|> world <tool>";
+  const std::vector<int32_t> special = (*tok)->EncodePieces({{text, true}});
+  const std::vector<int32_t> plain = (*tok)->EncodePieces({{text, false}});
+  EXPECT_EQ(special, (*tok)->Encode(text));
+  EXPECT_EQ(std::count(special.begin(), special.end(), user), 1);
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), user), 0);
+  EXPECT_GT(plain.size(), special.size());
+  EXPECT_EQ((*tok)->Decode(plain), text);
+  // Non-special added tokens are matched either way.
+  EXPECT_EQ(plain.back(), 1000);
+  EXPECT_EQ(special.back(), 1000);
+  // Pieces: a run of plain text crossing a boundary encodes as joined text.
+  EXPECT_EQ((*tok)->EncodePieces({{"hel", true}, {"lo wor", false}, {"ld", true}}),
+            (*tok)->Encode("hello world"));
+  // Invalid UTF-8 inside a piece is repaired as Encode does.
+  EXPECT_EQ((*tok)->EncodePieces({{"a\xff", false}, {"b", true}}), (*tok)->Encode("a\xff" "b"));
+}
+
 TEST(Tokenizer, RealTokenizersRoundTripRandomText) {
   std::mt19937 rng(7);
   const std::vector<std::string> alphabet = {"a", "Z", " ", "  ", "\n", "\t", "7", "'s", "!",
