@@ -407,7 +407,7 @@ grpc::Status IngestOne(Server& srv, v1::PrefixMode mode) {
 // A model without a bos_token_id: BOS is refused by name (never a made-up
 // id); unspecified means NONE there; the stop ids include
 // generation_config.json's.
-TEST(PrefixModeTest, BosOnAModelWithoutBosIsInvalidArgument) {
+TEST(NoBosModelTest, BosOnAModelWithoutBosIsInvalidArgument) {
   Server srv;
   ASSERT_NO_FATAL_FAILURE(srv.Start(SmallModelDir(false)));
   const grpc::Status ingest = IngestOne(srv, v1::PREFIX_MODE_BOS);
