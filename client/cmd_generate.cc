@@ -32,7 +32,8 @@ constexpr char kUsage[] =
     "  --temperature T     0 (default) = greedy\n"
     "  --print-ids         print the generated ids space-separated instead of text\n"
     "  --add-bos           with --prompt: prepend the model's BOS id\n"
-    "Stops at max-new-tokens, the model's EOS id, or a --stop string.\n";
+    "Stops at max-new-tokens, the model's stop ids (config.json and generation_config.json\n"
+    "eos_token_id), or a --stop string.\n";
 
 }  // namespace
 
@@ -104,7 +105,12 @@ int RunGenerate(int argc, char** argv) {
       return 2;
     }
     if (flags.Has("add-bos")) {
-      prompt.push_back(static_cast<int32_t>((*model)->config().bos_token_id.value_or(1)));
+      if (!(*model)->config().bos_token_id.has_value()) {
+        std::fprintf(stderr, "infoflow generate: --add-bos: %s/config.json has no bos_token_id\n",
+                     dir.c_str());
+        return 2;
+      }
+      prompt.push_back(static_cast<int32_t>(*(*model)->config().bos_token_id));
     }
     std::vector<int32_t> ids = tokenizer->Encode(flags.Get("prompt"));
     prompt.insert(prompt.end(), ids.begin(), ids.end());
@@ -121,7 +127,7 @@ int RunGenerate(int argc, char** argv) {
   // Token ids given explicitly are a debugging path: run to max-new-tokens so
   // the output can be compared with a reference at every length.
   if (!flags.Has("prompt-ids")) {
-    for (int64_t id : (*model)->config().eos_token_ids) options.stop_ids.push_back(static_cast<int32_t>(id));
+    for (int64_t id : StopTokenIds((*model)->config())) options.stop_ids.push_back(static_cast<int32_t>(id));
   }
   const bool print_ids = flags.Has("print-ids");
 

@@ -30,7 +30,9 @@ constexpr char kUsage[] =
     "split into paragraphs (blank-line separated), or, with --chunk-tokens N, into\n"
     "pieces of about N tokens (counted as whitespace-separated words).\n"
     "  --batch N            chunks per request (default 16)\n"
-    "  --prefix-mode bos|none  (default bos)\n";
+    "  --prefix-mode bos|none  (default: the server's, BOS when the model has a bos_token_id)\n"
+    "  --parse-special      special-token spellings in chunk texts (e.g. <|im_end|>) are\n"
+    "                       special tokens (default: plain text; queries must match)\n";
 
 struct Chunk {
   std::string text;
@@ -113,7 +115,7 @@ int RunIngest(int argc, char** argv) {
   Flags flags;
   std::set<std::string> value_flags = kConnectFlags;
   value_flags.insert({"chunk-tokens", "batch", "prefix-mode"});
-  if (!flags.Parse(argc, argv, value_flags, {"help", "quiet"})) {
+  if (!flags.Parse(argc, argv, value_flags, {"help", "quiet", "parse-special"})) {
     std::fprintf(stderr, "infoflow ingest: %s\n\n%s%s", flags.error().c_str(), kUsage, kConnectUsage);
     return 2;
   }
@@ -127,8 +129,8 @@ int RunIngest(int argc, char** argv) {
     std::fprintf(stderr, "infoflow ingest: bad --chunk-tokens or --batch\n");
     return 2;
   }
-  const std::string mode = flags.Get("prefix-mode", "bos");
-  if (mode != "bos" && mode != "none") {
+  const std::string mode = flags.Get("prefix-mode", "");
+  if (!mode.empty() && mode != "bos" && mode != "none") {
     std::fprintf(stderr, "infoflow ingest: --prefix-mode must be bos or none\n");
     return 2;
   }
@@ -165,7 +167,10 @@ int RunIngest(int argc, char** argv) {
   std::vector<v1::IngestRequest> batches;
   for (size_t i = 0; i < chunks.size(); i += batch) {
     v1::IngestRequest req;
-    req.set_prefix_mode(mode == "bos" ? v1::PREFIX_MODE_BOS : v1::PREFIX_MODE_NONE);
+    if (!mode.empty()) {
+      req.set_prefix_mode(mode == "bos" ? v1::PREFIX_MODE_BOS : v1::PREFIX_MODE_NONE);
+    }
+    req.set_parse_special(flags.Has("parse-special"));
     for (size_t j = i; j < std::min(chunks.size(), i + batch); ++j) {
       v1::IngestChunk* c = req.add_chunks();
       c->set_text(chunks[j].text);

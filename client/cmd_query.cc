@@ -2,11 +2,13 @@
 // answer to stdout and prints the report to stderr.
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "client/chat_presets.h"
 #include "client/cli_common.h"
 #include "client/commands.h"
 #include "client/flags.h"
@@ -19,9 +21,45 @@ namespace v1 = ::infoflow::v1;
 constexpr char kUsage[] =
     "usage: infoflow query [--server ADDR] --question Q (--key K | --chunk-text T | --chunk-file F)...\n"
     "                      [--method infoflow|full|none|cacheblend|epic|random] [--ratio R]\n"
-    "                      [--reorder] [--report] [--max-new-tokens N] [--template T]\n"
-    "                      [--temperature T] [--top-p P] [--seed S] [--stop S]...\n"
-    "Chunks are used in the order given. --template uses {question} as placeholder.\n";
+    "                      [--reorder] [--report] [--max-new-tokens N]\n"
+    "                      [--chat qwen|llama3|mistral] [--system TEXT|@FILE]\n"
+    "                      [--prefix TEXT|@FILE] [--template TEXT|@FILE] [--parse-special]\n"
+    "                      [--prefix-mode bos|none] [--temperature T] [--top-p P] [--seed S]\n"
+    "                      [--stop S]... [--stop-id ID]...\n"
+    "Chunks are used in the order given.\n"
+    "  --prefix        text prefilled before the chunks (system prompt + chat header; the model's\n"
+    "                  special tokens in it, e.g. <|im_start|>, are special tokens). Cached by the\n"
+    "                  server: a shared prefix is prefilled once. @FILE reads it from FILE.\n"
+    "  --template      text after the chunks; {question} is replaced by the question\n"
+    "                  (special tokens parsed as in --prefix). Default \"\\n{question}\\n\".\n"
+    "  --chat NAME     set --prefix and --template to the chat format of qwen (ChatML), llama3\n"
+    "                  or mistral (exact strings: README.md, Instruct models); an explicit\n"
+    "                  --prefix or --template wins over the preset's\n"
+    "  --system TEXT   the system prompt --chat puts in its prefix (default \"You are a helpful\n"
+    "                  assistant.\")\n"
+    "  --parse-special special-token spellings in the question and --chunk-text/--chunk-file\n"
+    "                  are special tokens (default: plain text)\n"
+    "  --prefix-mode   how the chunks were ingested (default: the server's, BOS when the model\n"
+    "                  has one)\n"
+    "  --stop-id ID    a token id that also ends the answer (the model's stop ids always do)\n";
+
+// "@FILE" reads FILE; anything else is the text itself.
+bool TextOrFile(const std::string& flag, const std::string& value, std::string* out) {
+  if (value.empty() || value[0] != '@') {
+    *out = value;
+    return true;
+  }
+  std::ifstream in(value.substr(1), std::ios::binary);
+  if (!in) {
+    std::fprintf(stderr, "infoflow query: --%s: cannot read %s\n", flag.c_str(),
+                 value.substr(1).c_str());
+    return false;
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  *out = ss.str();
+  return true;
+}
 
 bool ParseMethodFlag(std::string name, v1::Method* out) {
   name = absl::AsciiStrToUpper(name);
@@ -35,8 +73,8 @@ int RunQuery(int argc, char** argv) {
   std::set<std::string> value_flags = kConnectFlags;
   value_flags.insert({"question", "key", "chunk-text", "chunk-file", "method", "ratio",
                       "max-new-tokens", "template", "temperature", "top-p", "seed", "stop",
-                      "prefix-mode"});
-  if (!flags.Parse(argc, argv, value_flags, {"help", "reorder", "report"})) {
+                      "prefix-mode", "prefix", "chat", "system", "stop-id"});
+  if (!flags.Parse(argc, argv, value_flags, {"help", "reorder", "report", "parse-special"})) {
     std::fprintf(stderr, "infoflow query: %s\n\n%s%s", flags.error().c_str(), kUsage, kConnectUsage);
     return 2;
   }
@@ -106,9 +144,46 @@ int RunQuery(int argc, char** argv) {
   req.mutable_sampling()->set_top_p(top_p);
   req.mutable_sampling()->set_seed(seed);
   req.set_reorder(flags.Has("reorder"));
-  req.set_prompt_template(flags.Get("template"));
-  if (flags.Get("prefix-mode", "bos") == "none") req.set_prefix_mode(v1::PREFIX_MODE_NONE);
+  std::string prefix, prompt_template;
+  if (flags.Has("chat")) {
+    std::string system = kDefaultSystemPrompt;
+    if (flags.Has("system") && !TextOrFile("system", flags.Get("system"), &system)) return 1;
+    std::optional<ChatPreset> preset = FindChatPreset(flags.Get("chat"), system);
+    if (!preset) {
+      std::fprintf(stderr, "infoflow query: unknown --chat %s (one of: %s)\n",
+                   flags.Get("chat").c_str(), absl::StrJoin(ChatPresetNames(), ", ").c_str());
+      return 2;
+    }
+    prefix = preset->prefix;
+    prompt_template = preset->prompt_template;
+  } else if (flags.Has("system")) {
+    std::fprintf(stderr, "infoflow query: --system needs --chat (or write it into --prefix)\n");
+    return 2;
+  }
+  if (flags.Has("prefix") && !TextOrFile("prefix", flags.Get("prefix"), &prefix)) return 1;
+  if (flags.Has("template") && !TextOrFile("template", flags.Get("template"), &prompt_template)) {
+    return 1;
+  }
+  req.set_prefix(prefix);
+  req.set_prompt_template(prompt_template);
+  req.set_parse_special(flags.Has("parse-special"));
+  if (flags.Has("prefix-mode")) {
+    const std::string mode = flags.Get("prefix-mode");
+    if (mode != "bos" && mode != "none") {
+      std::fprintf(stderr, "infoflow query: --prefix-mode must be bos or none\n");
+      return 2;
+    }
+    req.set_prefix_mode(mode == "bos" ? v1::PREFIX_MODE_BOS : v1::PREFIX_MODE_NONE);
+  }
   for (const std::string& s : flags.GetAll("stop")) req.add_stop(s);
+  for (const std::string& s : flags.GetAll("stop-id")) {
+    int32_t id;
+    if (!absl::SimpleAtoi(s, &id)) {
+      std::fprintf(stderr, "infoflow query: bad --stop-id %s\n", s.c_str());
+      return 2;
+    }
+    req.add_stop_ids(id);
+  }
   const bool want_report = flags.Has("report");
   req.set_return_report(true);
 
@@ -131,11 +206,15 @@ int RunQuery(int argc, char** argv) {
   if (want_report) {
     const v1::StageTimings& t = report->stages();
     std::fprintf(stderr,
-                 "method %s  ttft %.2f ms  context %lld tokens  recomputed %lld  chunks hit %d "
-                 "miss %d  order [%s]  generated %d  stop %s\n"
+                 "method %s  ttft %.2f ms  prefix %lld tokens (%s)  context %lld tokens  "
+                 "recomputed %lld  chunks hit %d miss %d  order [%s]  generated %d  stop %s\n"
                  "stages ms: fetch %.2f reposition %.2f score %.2f select %.2f reorder %.2f "
                  "recompute %.2f prompt %.2f first_token %.2f decode %.2f\n",
                  v1::Method_Name(report->method()).c_str() + 7, report->ttft_ms(),
+                 static_cast<long long>(report->prefix_tokens()),
+                 report->prefix_key().empty() ? "bos/none"
+                 : report->prefix_cached()    ? "from store"
+                                              : "prefilled",
                  static_cast<long long>(report->context_tokens()),
                  static_cast<long long>(report->recomputed_tokens()), report->chunk_hits(),
                  report->chunk_misses(), absl::StrJoin(report->chunk_order(), ",").c_str(),

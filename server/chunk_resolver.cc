@@ -55,7 +55,8 @@ std::vector<int32_t> ChunkResolver::Tokenize(std::string_view text) const {
 }
 
 absl::StatusOr<std::vector<int32_t>> ChunkResolver::ChunkTokens(std::string_view text,
-                                                                const std::string& field) const {
+                                                                const std::string& field,
+                                                                bool parse_special) const {
   if (text.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": empty chunk text"));
   if (!IsValidUtf8(text)) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": text is not valid UTF-8"));
@@ -68,7 +69,7 @@ absl::StatusOr<std::vector<int32_t>> ChunkResolver::ChunkTokens(std::string_view
         " tokens can hold (--max-chunk-tokens ", max_chunk_tokens_, ", ", kMaxBytesPerToken,
         " bytes per token)"));
   }
-  std::vector<int32_t> ids = tokenizer_->Encode(text);
+  std::vector<int32_t> ids = tokenizer_->EncodePieces({{text, parse_special}});
   if (ids.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": chunk has no tokens"));
   if (static_cast<int64_t>(ids.size()) > max_chunk_tokens_) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": chunk has ", ids.size(),
@@ -97,6 +98,29 @@ absl::StatusOr<IngestOutcome> ChunkResolver::Ingest(const std::vector<int32_t>& 
   absl::StatusOr<store::PutResult> put = store_->Put(key, *std::move(record));
   if (!put.ok()) return put.status();
   out.already_present = *put == store::PutResult::kAlreadyPresent;
+  return out;
+}
+
+absl::StatusOr<ResolvedPrefix> ChunkResolver::ResolvePrefix(
+    const std::vector<int32_t>& ids) const {
+  const KvCodec lossless;  // raw
+  const store::ChunkKey key = ChunkKeyFor(*model_, ids, PrefixMode::kNone, lossless);
+  absl::StatusOr<store::GetResult> res =
+      store_->GetOrCompute(key, [&]() -> absl::StatusOr<std::string> {
+        absl::StatusOr<ChunkKv> kv = PrefillChunk(*model_, ids, PrefixMode::kNone);
+        if (!kv.ok()) return kv.status();
+        return EncodeChunkRecord(*model_, *kv, PrefixMode::kNone, lossless);
+      });
+  if (!res.ok()) return res.status();
+  absl::StatusOr<std::shared_ptr<const ChunkKv>> kv =
+      DecodeChunkRecord(*model_, res->value->record(), PrefixMode::kNone);
+  if (!kv.ok()) {
+    return absl::Status(kv.status().code(), absl::StrCat("prefix: ", kv.status().message()));
+  }
+  ResolvedPrefix out;
+  out.kv = *std::move(kv);
+  out.key_hex = key.Hex();
+  out.cached = !res->computed;
   return out;
 }
 
@@ -152,7 +176,7 @@ absl::StatusOr<ResolvedChunks> ChunkResolver::Resolve(const std::vector<ChunkRef
       continue;
     }
     absl::StatusOr<std::vector<int32_t>> ids =
-        ChunkTokens(refs[i].text, absl::StrCat("chunks[", i, "].text"));
+        ChunkTokens(refs[i].text, absl::StrCat("chunks[", i, "].text"), refs[i].parse_special);
     if (!ids.ok()) return ids.status();
     total += static_cast<int64_t>(ids->size());
     text_ids[i] = *std::move(ids);

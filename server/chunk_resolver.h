@@ -43,6 +43,16 @@ struct ChunkRef {
   bool by_key = false;
   std::string key_hex;
   std::string text;
+  // Encode special-token spellings in `text` as the special tokens
+  // (Tokenizer::Piece::parse_special); false: plain text.
+  bool parse_special = false;
+};
+
+// A query prefix's KV from the store (ResolvePrefix).
+struct ResolvedPrefix {
+  std::shared_ptr<const ChunkKv> kv;  // the prefix prefilled alone at 0..n-1
+  std::string key_hex;
+  bool cached = false;  // served by the store; false: prefilled now and stored
 };
 
 struct IngestOutcome {
@@ -73,9 +83,11 @@ class ChunkResolver {
   // `field`) when the text is empty, not UTF-8, or too long (bytes, then
   // tokens). Returns its token ids, so a batch can be checked whole before
   // anything is stored and each text is tokenized once.
+  // `parse_special`: see ChunkRef.
   absl::StatusOr<std::vector<int32_t>> CheckedTokens(std::string_view text,
-                                                     const std::string& field) const {
-    return ChunkTokens(text, field);
+                                                     const std::string& field,
+                                                     bool parse_special = false) const {
+    return ChunkTokens(text, field, parse_special);
   }
 
   // Ingests one chunk given as CheckedTokens ids: stores its KV unless an
@@ -95,12 +107,22 @@ class ChunkResolver {
   absl::StatusOr<ResolvedChunks> Resolve(const std::vector<ChunkRef>& refs, PrefixMode mode,
                                          const ContextCheck& check_context = {}) const;
 
-  // Tokens of `text` under the served tokenizer (no specials).
+  // The KV of a query prefix (`ids`, checked by the caller: non-empty, in
+  // the vocabulary), prefilled alone at positions 0..n-1 and kept in the
+  // store under the key of a PrefixMode::kNone chunk of the same ids with
+  // the raw codec: whatever --kv-codec is, a prefix record is lossless, so
+  // the prefix stays exact. Single flight through the store: concurrent
+  // queries with one new prefix prefill it once. The store's errors as they are.
+  absl::StatusOr<ResolvedPrefix> ResolvePrefix(const std::vector<int32_t>& ids) const;
+
+  // Tokens of `text` under the served tokenizer (no post_processor tokens;
+  // special-token spellings parsed as special tokens).
   std::vector<int32_t> Tokenize(std::string_view text) const;
 
  private:
   absl::StatusOr<std::vector<int32_t>> ChunkTokens(std::string_view text,
-                                                   const std::string& field) const;
+                                                   const std::string& field,
+                                                   bool parse_special) const;
 
   const Model* model_;
   const Tokenizer* tokenizer_;

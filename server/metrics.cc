@@ -246,6 +246,9 @@ struct Metrics::Impl {
   prometheus::Histogram* recompute_ratio = nullptr;
   prometheus::Counter* generated = nullptr;
   prometheus::Counter* ingest_tokens = nullptr;
+  prometheus::Counter* prefix_prefilled = nullptr;
+  prometheus::Counter* prefix_cached = nullptr;
+  prometheus::Counter* prefix_prefilled_tokens = nullptr;
   prometheus::Gauge* inflight = nullptr;
   prometheus::Histogram* batch_size = nullptr;
   prometheus::Histogram* queue_wait = nullptr;
@@ -287,6 +290,19 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& liste
                              .Help("Chunk tokens prefilled and stored by ingest and write-through.")
                              .Register(r)
                              .Add({});
+  auto& prefixes = prometheus::BuildCounter()
+                       .Name("infoflow_prefix_queries_total")
+                       .Help("Queries with a text prefix, by where its KV came from: "
+                             "source=prefilled (computed now and stored) or source=store.")
+                       .Register(r);
+  impl->prefix_prefilled = &prefixes.Add({{"source", "prefilled"}});
+  impl->prefix_cached = &prefixes.Add({{"source", "store"}});
+  impl->prefix_prefilled_tokens = &prometheus::BuildCounter()
+                                       .Name("infoflow_prefix_prefilled_tokens_total")
+                                       .Help("Prefix tokens prefilled (a prefix served by the "
+                                             "store adds nothing).")
+                                       .Register(r)
+                                       .Add({});
   impl->inflight = &prometheus::BuildGauge()
                         .Name("infoflow_inflight_streams")
                         .Help("Query streams being served.")
@@ -352,6 +368,15 @@ void Metrics::AddInflightStreams(int delta) { impl_->inflight->Increment(delta);
 void Metrics::ObserveBatchSize(int requests) { impl_->batch_size->Observe(requests); }
 void Metrics::ObserveQueueWait(double seconds) { impl_->queue_wait->Observe(seconds); }
 void Metrics::ObserveInterToken(double seconds) { impl_->inter_token->Observe(seconds); }
+
+void Metrics::AddPrefix(bool cached, int64_t tokens) {
+  if (cached) {
+    impl_->prefix_cached->Increment();
+  } else {
+    impl_->prefix_prefilled->Increment();
+    impl_->prefix_prefilled_tokens->Increment(static_cast<double>(tokens));
+  }
+}
 
 void Metrics::SetKvBytesPerToken(const std::string& codec, double bytes) {
   prometheus::BuildGauge()

@@ -57,6 +57,9 @@ class Metrics {
   void ObserveBatchSize(int requests);
   void ObserveQueueWait(double seconds);
   void ObserveInterToken(double seconds);
+  // A query with a text prefix: its KV came from the store (`cached`) or was
+  // prefilled now; `tokens` is its length.
+  void AddPrefix(bool cached, int64_t tokens);
   // Bytes per token of stored chunk K/V under the server's --kv-codec.
   void SetKvBytesPerToken(const std::string& codec, double bytes);
 

@@ -40,11 +40,55 @@ uint64_t RenderedPromptBytes(const std::string& prompt_template, const std::stri
   return tmpl.size() - n * kPlaceholder.size() + n * static_cast<uint64_t>(question.size());
 }
 
+std::vector<Tokenizer::Piece> RenderPromptPieces(const std::string& prompt_template,
+                                                 const std::string& question,
+                                                 bool question_parse_special) {
+  static constexpr std::string_view kPlaceholder = "{question}";
+  const std::string_view tmpl =
+      prompt_template.empty() ? std::string_view("\n{question}\n") : prompt_template;
+  std::vector<Tokenizer::Piece> pieces;
+  size_t from = 0;
+  bool substituted = false;
+  for (size_t at = tmpl.find(kPlaceholder); at != std::string_view::npos;
+       at = tmpl.find(kPlaceholder, from)) {
+    if (at > from) pieces.push_back({tmpl.substr(from, at - from), true});
+    pieces.push_back({question, question_parse_special});
+    from = at + kPlaceholder.size();
+    substituted = true;
+  }
+  if (from < tmpl.size()) pieces.push_back({tmpl.substr(from), true});
+  if (!substituted) pieces.push_back({question, question_parse_special});
+  return pieces;
+}
+
 QueryRunner::QueryRunner(const Model* model, const Tokenizer* tokenizer,
                          const ChunkResolver* resolver, const QueryLimits& limits)
     : model_(model), tokenizer_(tokenizer), resolver_(resolver), limits_(limits) {}
 
 absl::Status QueryRunner::Prepare(QuerySpec* spec) const {
+  spec->prefix_ids.clear();
+  if (!spec->prefix.empty()) {
+    const int64_t prefix_limit = limits_.max_prefix_tokens;
+    if (spec->prefix.size() > static_cast<uint64_t>(prefix_limit) * kMaxBytesPerToken) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prefix: ", spec->prefix.size(), " bytes, more than ", prefix_limit,
+          " tokens can hold (--max-prefix-tokens ", prefix_limit, ", ", kMaxBytesPerToken,
+          " bytes per token)"));
+    }
+    spec->prefix_ids = tokenizer_->EncodePieces({{spec->prefix, true}});
+    if (static_cast<int64_t>(spec->prefix_ids.size()) > prefix_limit) {
+      return absl::InvalidArgumentError(absl::StrCat("prefix: ", spec->prefix_ids.size(),
+                                                     " tokens, limit is ", prefix_limit,
+                                                     " (--max-prefix-tokens)"));
+    }
+    for (int32_t id : spec->prefix_ids) {
+      if (id < 0 || id >= model_->config().vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "prefix: token id ", id, " is outside the model's vocabulary of ",
+            model_->config().vocab_size));
+      }
+    }
+  }
   const int64_t limit = limits_.max_prompt_tokens;
   const uint64_t byte_limit = static_cast<uint64_t>(limit) * kMaxBytesPerToken;
   if (spec->question.size() > byte_limit) {
@@ -59,13 +103,14 @@ absl::Status QueryRunner::Prepare(QuerySpec* spec) const {
         "prompt_template: the prompt expands to ", rendered, " bytes with the question, more than ",
         limit, " tokens can hold (--max-prompt-tokens ", limit, ")"));
   }
-  spec->question_ids = tokenizer_->Encode(spec->question);
+  spec->question_ids = tokenizer_->EncodePieces({{spec->question, spec->parse_special}});
   if (static_cast<int64_t>(spec->question_ids.size()) > limit) {
     return absl::InvalidArgumentError(absl::StrCat("question: ", spec->question_ids.size(),
                                                    " tokens, limit is ", limit,
                                                    " (--max-prompt-tokens)"));
   }
-  spec->prompt_ids = tokenizer_->Encode(RenderPrompt(spec->prompt_template, spec->question));
+  spec->prompt_ids = tokenizer_->EncodePieces(
+      RenderPromptPieces(spec->prompt_template, spec->question, spec->parse_special));
   if (static_cast<int64_t>(spec->prompt_ids.size()) > limit) {
     return absl::InvalidArgumentError(
         absl::StrCat("prompt_template: the rendered prompt has ", spec->prompt_ids.size(),
@@ -96,7 +141,9 @@ absl::StatusOr<std::unique_ptr<PrefilledQuery>> QueryRunner::Prefill(
   QueryOutcome& out = q->outcome;
   // The resolver calls this once it knows the context length (keys fetched,
   // texts tokenized) and before it prefills anything.
-  const int64_t prefix_len = PrefixLength(spec.prefix_mode);
+  const int64_t prefix_len = spec.prefix_ids.empty()
+                                 ? PrefixLength(spec.prefix_mode)
+                                 : static_cast<int64_t>(spec.prefix_ids.size());
   const int64_t after_context =
       static_cast<int64_t>(spec.prompt_ids.size()) + spec.max_new_tokens;
   auto check_context = [&](int64_t context_tokens) -> absl::Status {
@@ -127,9 +174,24 @@ absl::StatusOr<std::unique_ptr<PrefilledQuery>> QueryRunner::Prefill(
   out.chunk_keys = resolved->keys_hex;
   out.prefilled_tokens = resolved->prefilled_tokens;
   QueryInput input;
-  if (spec.prefix_mode == PrefixMode::kBos) {
-    input.prefix_ids = {static_cast<int32_t>(model_->config().bos_token_id.value_or(1))};
+  if (!spec.prefix_ids.empty()) {
+    // After the context check, so a refused query stores nothing.
+    absl::StatusOr<ResolvedPrefix> prefix = resolver_->ResolvePrefix(spec.prefix_ids);
+    if (!prefix.ok()) return prefix.status();
+    input.prefix_ids = spec.prefix_ids;
+    input.prefix_kv = prefix->kv;
+    out.prefix_cached = prefix->cached;
+    out.prefix_key = prefix->key_hex;
+    out.fetch_ms = MsSince(t0);
+  } else if (spec.prefix_mode == PrefixMode::kBos) {
+    if (!model_->config().bos_token_id.has_value()) {
+      return absl::InvalidArgumentError(
+          "prefix_mode: PREFIX_MODE_BOS, but the model's config.json has no bos_token_id; use "
+          "PREFIX_MODE_NONE");
+    }
+    input.prefix_ids = {static_cast<int32_t>(*model_->config().bos_token_id)};
   }
+  out.prefix_tokens = static_cast<int64_t>(input.prefix_ids.size());
   input.chunks = std::move(resolved->chunks);
   input.chunk_prefix_mode = spec.prefix_mode;
   input.question_ids = spec.question_ids;
@@ -147,7 +209,8 @@ absl::StatusOr<std::unique_ptr<PrefilledQuery>> QueryRunner::Prefill(
   decode.sampling = {spec.temperature, spec.top_p, spec.seed};
   decode.max_new_tokens = spec.max_new_tokens;
   decode.stop_strings = spec.stop;
-  for (int64_t id : model_->config().eos_token_ids) decode.stop_ids.push_back(static_cast<int32_t>(id));
+  for (int64_t id : StopTokenIds(model_->config())) decode.stop_ids.push_back(static_cast<int32_t>(id));
+  decode.stop_ids.insert(decode.stop_ids.end(), spec.stop_ids.begin(), spec.stop_ids.end());
 
   // As RunQuery (engine/blend/pipeline.h): BuildContext, then the prompt.
   absl::StatusOr<BlendedContext> ctx = BuildContext(*model_, input, options);

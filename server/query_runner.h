@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/text/tokenizer.h"
 #include "server/chunk_resolver.h"
 
 namespace infoflow {
@@ -37,15 +38,24 @@ struct QuerySpec {
   uint64_t seed = 0;
   int max_new_tokens = 64;
   std::vector<std::string> stop;
+  // Text before the chunks (system prompt + chat header); "" = none (then
+  // [BOS] precedes the chunks in kBos mode). Special tokens parsed.
+  std::string prefix;
+  // Special-token spellings in the question (and chunk texts: ChunkRef) are
+  // special tokens; false: plain text. The template's always are.
+  bool parse_special = false;
+  std::vector<int32_t> stop_ids;  // added to the model's StopTokenIds
   // Filled by QueryRunner::Prepare.
   std::vector<int32_t> question_ids;
   std::vector<int32_t> prompt_ids;  // rendered template + question
+  std::vector<int32_t> prefix_ids;  // tokens of `prefix`
 };
 
 // The server's per-query limits (ServerOptions) and the model's positions.
 struct QueryLimits {
   int64_t max_context_tokens = 8192;
   int64_t max_prompt_tokens = 2048;
+  int64_t max_prefix_tokens = 2048;
   int64_t max_positions = 0;  // the model's max_position_embeddings; 0 = unknown
   bool allow_beyond_model_positions = false;
 };
@@ -71,6 +81,9 @@ struct QueryOutcome {
   // Positions the query may use: prefix + context + prompt + max_new_tokens.
   int64_t positions = 0;
   bool beyond_model_positions = false;  // positions > max_position_embeddings
+  int64_t prefix_tokens = 0;  // tokens before the chunks
+  bool prefix_cached = false;  // the text prefix's KV came from the store
+  std::string prefix_key;      // its record's key; "" without a text prefix
 };
 
 // Receives each generated token; return false to cancel.
@@ -84,6 +97,14 @@ std::string RenderPrompt(const std::string& prompt_template, const std::string& 
 // small template that repeats the placeholder can expand a lot).
 uint64_t RenderedPromptBytes(const std::string& prompt_template, const std::string& question);
 
+// RenderPrompt as tokenizer pieces: the template's text parses special tokens
+// (it is the operator's chat format), each substituted question parses them
+// only when `question_parse_special`. Views into the arguments (or a static
+// default template), valid while they are.
+std::vector<Tokenizer::Piece> RenderPromptPieces(const std::string& prompt_template,
+                                                 const std::string& question,
+                                                 bool question_parse_special);
+
 class QueryRunner {
  public:
   // Pointers must outlive the runner.
@@ -92,16 +113,20 @@ class QueryRunner {
 
   const Tokenizer* tokenizer() const { return tokenizer_; }
 
-  // Checks the prompt and the question against the limits and tokenizes
-  // them into spec->prompt_ids / question_ids. Cheap and bounded (the byte
-  // length is checked before tokenizing); call before queueing the request.
-  // InvalidArgument naming `question` or `prompt_template` and the limit.
+  // Checks the prefix, the prompt and the question against the limits and
+  // tokenizes them into spec->prefix_ids / prompt_ids / question_ids. Cheap
+  // and bounded (the byte length is checked before tokenizing); call before
+  // queueing the request. InvalidArgument naming `prefix`, `question` or
+  // `prompt_template` and the limit.
   absl::Status Prepare(QuerySpec* spec) const;
 
   // Runs a Prepare'd spec. Before any prefill: InvalidArgument when the
   // context is over max_context_tokens, OutOfRange when prefix + context +
   // prompt + max_new_tokens exceed the model's positions (unless allowed);
-  // the resolver's and the pipeline's errors as they are.
+  // the resolver's and the pipeline's errors as they are. A text prefix's KV
+  // comes from the store (ChunkResolver::ResolvePrefix: prefilled once per
+  // distinct prefix); without one, kBos puts the model's BOS before the chunks.
+  // Stops at the model's StopTokenIds and spec.stop_ids / spec.stop.
   absl::StatusOr<QueryOutcome> Run(const QuerySpec& spec, const TokenSink& sink) const;
 
   // Called once the query's positions (prefix + context + prompt +

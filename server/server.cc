@@ -158,6 +158,7 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
   QueryLimits limits;
   limits.max_context_tokens = options.max_context_tokens;
   limits.max_prompt_tokens = options.max_prompt_tokens;
+  limits.max_prefix_tokens = options.max_prefix_tokens;
   limits.max_positions = s->model->config().max_position_embeddings;
   limits.allow_beyond_model_positions = options.allow_beyond_model_positions;
   s->runner = std::make_unique<QueryRunner>(s->model.get(), s->tokenizer.get(), s->resolver.get(),

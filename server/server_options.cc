@@ -28,6 +28,7 @@ const char kServerUsage[] =
     "  --max-chunks N          chunks per request (default 256)\n"
     "  --max-chunk-tokens N    tokens per chunk (default 2048)\n"
     "  --max-prompt-tokens N   tokens of the rendered prompt and of the question (default 2048)\n"
+    "  --max-prefix-tokens N   tokens of a query's prefix (system prompt + chat header; default 2048)\n"
     "  --max-new-tokens N      generated tokens per query (default 512)\n"
     "  --allow-beyond-model-positions true|false\n"
     "                          run queries that need more positions than the model's\n"
@@ -133,6 +134,7 @@ absl::Status Apply(ServerOptions* o, const std::string& name, const std::string&
   else if (name == "remote-auth-file") o->remote_auth_file = value;
   else if (name == "min-free-disk-bytes") return num(&o->min_free_disk_bytes, 0);
   else if (name == "max-prompt-tokens") return num(&o->max_prompt_tokens, 1);
+  else if (name == "max-prefix-tokens") return num(&o->max_prefix_tokens, 1);
   else if (name == "store-sync") return boolean(&o->store_sync);
   else if (name == "allow-beyond-model-positions") return boolean(&o->allow_beyond_model_positions);
   else if (name == "reflection") return boolean(&o->reflection);

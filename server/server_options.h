@@ -25,6 +25,8 @@ struct ServerOptions {
   // Tokens of the rendered prompt (template + question), and of the
   // question alone (it is also what INFOFLOW scores with).
   int64_t max_prompt_tokens = 2048;
+  // Tokens of QueryRequest.prefix (system prompt + chat header).
+  int64_t max_prefix_tokens = 2048;
   // false: a query whose prefix + context + prompt + max_new_tokens needs
   // more positions than the model's max_position_embeddings is refused
   // (OUT_OF_RANGE). true: it runs, and its report says so.

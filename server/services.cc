@@ -51,12 +51,27 @@ grpc::Status CheckModel(const ServiceDeps& d, const v1::ModelSelector& m) {
   return grpc::Status::OK;
 }
 
-bool ToPrefixMode(v1::PrefixMode m, PrefixMode* out) {
+// UNSPECIFIED is BOS when the model has a bos_token_id, else NONE; an
+// explicit BOS on a model without one is refused (no id is made up).
+grpc::Status ToPrefixMode(const Model& model, v1::PrefixMode m, PrefixMode* out) {
+  const bool has_bos = model.config().bos_token_id.has_value();
   switch (m) {
     case v1::PREFIX_MODE_UNSPECIFIED:
-    case v1::PREFIX_MODE_BOS: *out = PrefixMode::kBos; return true;
-    case v1::PREFIX_MODE_NONE: *out = PrefixMode::kNone; return true;
-    default: return false;
+      *out = has_bos ? PrefixMode::kBos : PrefixMode::kNone;
+      return grpc::Status::OK;
+    case v1::PREFIX_MODE_BOS:
+      if (!has_bos) {
+        return Invalid(
+            "prefix_mode: PREFIX_MODE_BOS, but the model's config.json has no bos_token_id; use "
+            "PREFIX_MODE_NONE");
+      }
+      *out = PrefixMode::kBos;
+      return grpc::Status::OK;
+    case v1::PREFIX_MODE_NONE:
+      *out = PrefixMode::kNone;
+      return grpc::Status::OK;
+    default:
+      return Invalid(absl::StrCat("prefix_mode: unknown value ", static_cast<int>(m)));
   }
 }
 
@@ -137,14 +152,18 @@ grpc::Status ToSpec(const ServiceDeps& d, const v1::QueryRequest& req, QuerySpec
       ref.key_hex = c.key();
     } else if (c.chunk_case() == v1::QueryChunk::kText) {
       ref.text = c.text();
+      ref.parse_special = req.parse_special();
     } else {
       return Invalid(absl::StrCat("chunks[", i, "]: set key or text"));
     }
     spec->chunks.push_back(std::move(ref));
   }
-  if (!ToPrefixMode(req.prefix_mode(), &spec->prefix_mode)) {
-    return Invalid(absl::StrCat("prefix_mode: unknown value ", static_cast<int>(req.prefix_mode())));
+  if (grpc::Status s = ToPrefixMode(*d.model, req.prefix_mode(), &spec->prefix_mode); !s.ok()) {
+    return s;
   }
+  if (!IsValidUtf8(req.prefix())) return Invalid("prefix: not valid UTF-8");
+  spec->prefix = req.prefix();  // limits: QueryRunner::Prepare, before queueing
+  spec->parse_special = req.parse_special();
   if (req.question().empty()) return Invalid("question: required");
   if (!IsValidUtf8(req.question())) return Invalid("question: not valid UTF-8");
   if (!IsValidUtf8(req.prompt_template())) return Invalid("prompt_template: not valid UTF-8");
@@ -183,6 +202,14 @@ grpc::Status ToSpec(const ServiceDeps& d, const v1::QueryRequest& req, QuerySpec
     if (req.stop(i).empty()) return Invalid(absl::StrCat("stop[", i, "]: empty stop string"));
     spec->stop.push_back(req.stop(i));
   }
+  for (int i = 0; i < req.stop_ids_size(); ++i) {
+    const int32_t id = req.stop_ids(i);
+    if (id < 0 || id >= d.model->config().vocab_size) {
+      return Invalid(absl::StrCat("stop_ids[", i, "]: id ", id, " outside the vocabulary [0, ",
+                                  d.model->config().vocab_size, ")"));
+    }
+    spec->stop_ids.push_back(id);
+  }
   return grpc::Status::OK;
 }
 
@@ -210,9 +237,7 @@ grpc::Status IngestService::DoIngest(grpc::ServerContext* ctx, const v1::IngestR
                                      v1::IngestResponse* resp) {
   if (grpc::Status s = CheckModel(*d_, req.model()); !s.ok()) return s;
   PrefixMode mode;
-  if (!ToPrefixMode(req.prefix_mode(), &mode)) {
-    return Invalid(absl::StrCat("prefix_mode: unknown value ", static_cast<int>(req.prefix_mode())));
-  }
+  if (grpc::Status s = ToPrefixMode(*d_->model, req.prefix_mode(), &mode); !s.ok()) return s;
   if (req.chunks_size() == 0) return Invalid("chunks: at least one chunk is required");
   if (req.chunks_size() > d_->options->max_chunks) {
     return Invalid(absl::StrCat("chunks: ", req.chunks_size(), " chunks, limit is ",
@@ -222,7 +247,8 @@ grpc::Status IngestService::DoIngest(grpc::ServerContext* ctx, const v1::IngestR
   std::vector<std::vector<int32_t>> ids(req.chunks_size());
   for (int i = 0; i < req.chunks_size(); ++i) {
     absl::StatusOr<std::vector<int32_t>> checked =
-        d_->resolver->CheckedTokens(req.chunks(i).text(), absl::StrCat("chunks[", i, "].text"));
+        d_->resolver->CheckedTokens(req.chunks(i).text(), absl::StrCat("chunks[", i, "].text"),
+                                    req.parse_special());
     if (!checked.ok()) return ToGrpc(checked.status());
     ids[i] = *std::move(checked);
   }
@@ -348,6 +374,7 @@ grpc::Status QueryService::Query(grpc::ServerContext* ctx, const v1::QueryReques
                 : 0.0,
             out->generated_tokens);
         if (out->prefilled_tokens > 0) d_->metrics->AddIngestTokens(out->prefilled_tokens);
+        if (!out->prefix_key.empty()) d_->metrics->AddPrefix(out->prefix_cached, out->prefix_tokens);
       }
       if (req->return_report()) {
         v1::QueryResponse msg;
@@ -376,6 +403,9 @@ grpc::Status QueryService::Query(grpc::ServerContext* ctx, const v1::QueryReques
         r->set_text(out->text);
         r->set_positions(out->positions);
         r->set_beyond_model_positions(out->beyond_model_positions);
+        r->set_prefix_tokens(out->prefix_tokens);
+        r->set_prefix_cached(out->prefix_cached);
+        r->set_prefix_key(out->prefix_key);
         writer->Write(msg);
       }
     }
@@ -412,6 +442,10 @@ grpc::Status AdminService::ModelInfo(grpc::ServerContext* ctx, const v1::ModelIn
   resp->set_kv_codec(KvCodecName(d_->kv_codec.kind));
   resp->set_kv_bytes_per_token(KvBytesPerToken(m, d_->kv_codec));
   resp->set_raw_kv_bytes_per_token(KvBytesPerToken(m, KvCodec{}));
+  for (int64_t id : StopTokenIds(c)) resp->add_stop_ids(static_cast<int32_t>(id));
+  if (c.bos_token_id.has_value()) {
+    resp->mutable_bos_token_id()->set_value(static_cast<int32_t>(*c.bos_token_id));
+  }
   return grpc::Status::OK;
 }
 

@@ -6,6 +6,13 @@ python3-grpc-tools), ingests a few chunks, then streams an answer over them
 and prints the report.
 
     /usr/bin/python3 client/python/example_client.py --server 127.0.0.1:50051
+    /usr/bin/python3 client/python/example_client.py --chat qwen     # Qwen2.5/Qwen3 server
+    /usr/bin/python3 client/python/example_client.py --chat llama3   # Llama-3.x Instruct server
+
+--chat sends the chat format as QueryRequest.prefix (system prompt + user
+header, before the chunks; stored by the server, so it is prefilled once) and
+prompt_template (question + assistant header): the same strings as
+`infoflow query --chat` (client/chat_presets.h, README.md "Instruct models").
 """
 import argparse
 import importlib
@@ -39,12 +46,28 @@ def load_stubs():
     return pb, rpc
 
 
+# name -> (prefix with {system}, prompt_template with {question}); the same as
+# client/chat_presets.cc.
+CHAT_PRESETS = {
+    "qwen": ("<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n",
+             "\n\nQuestion: {question}<|im_end|>\n<|im_start|>assistant\n"),
+    "llama3": ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n{system}"
+               "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n",
+               "\n\nQuestion: {question}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"),
+    "mistral": ("<s>[INST] {system}\n\n", "\n\nQuestion: {question} [/INST]"),
+}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--server", default="127.0.0.1:50051")
     ap.add_argument("--token-file", help="bearer token file (server --auth-token-file)")
     ap.add_argument("--method", default="INFOFLOW")
     ap.add_argument("--max-new-tokens", type=int, default=24)
+    ap.add_argument("--chat", choices=sorted(CHAT_PRESETS),
+                    help="send the model family's chat format as prefix + template")
+    ap.add_argument("--system", default="You are a helpful assistant.",
+                    help="system prompt for --chat")
     args = ap.parse_args()
 
     pb, rpc = load_stubs()
@@ -58,7 +81,10 @@ def main():
     admin = rpc.AdminStub(channel)
 
     info = admin.ModelInfo(pb.ModelInfoRequest(), metadata=metadata)
-    print(f"model {info.name} ({info.model_type}, {info.n_layers} layers)", file=sys.stderr)
+    print(f"model {info.name} ({info.model_type}, {info.n_layers} layers), "
+          f"stop ids {list(info.stop_ids)}, "
+          f"bos {info.bos_token_id.value if info.HasField('bos_token_id') else 'none'}",
+          file=sys.stderr)
 
     texts = [
         "The lighthouse keeper wrote every storm into a red notebook.",
@@ -74,10 +100,16 @@ def main():
               f"{r.n_tokens} tokens", file=sys.stderr)
         keys.append(r.chunk_key)
 
+    prefix, template = b"", b"\nQuestion: {question}\nAnswer:"
+    if args.chat:
+        p, t = CHAT_PRESETS[args.chat]
+        prefix, template = p.replace("{system}", args.system).encode(), t.encode()
     qreq = pb.QueryRequest(
         chunks=[pb.QueryChunk(key=k) for k in keys],
         question=b"Where is the notebook kept?",
-        prompt_template=b"\nQuestion: {question}\nAnswer:",
+        prefix=prefix,  # before the chunks; special tokens parsed; cached by the server
+        prompt_template=template,
+        parse_special=False,  # the question stays plain text
         method=pb.Method.Value("METHOD_" + args.method.upper()),
         max_new_tokens=args.max_new_tokens,
         return_report=True,
@@ -94,6 +126,8 @@ def main():
         print(f"ttft {report.ttft_ms:.2f} ms, context {report.context_tokens} tokens, "
               f"recomputed {report.recomputed_tokens}, hits {report.chunk_hits}, "
               f"misses {report.chunk_misses}, order {list(report.chunk_order)}, "
+              f"prefix {report.prefix_tokens} tokens "
+              f"({'from store' if report.prefix_cached else 'prefilled or none'}), "
               f"stop {report.stop_reason}", file=sys.stderr)
     return 0
 

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "engine/blend/recompute.h"
@@ -46,6 +47,18 @@ absl::Status Validate(const Model& model, const QueryInput& input, const MethodO
         ch->k[0].size(2) != c.head_dim) {
       return absl::FailedPreconditionError(
           absl::StrCat("chunks[", i, "]: KV shape does not match the model"));
+    }
+  }
+  if (input.prefix_kv != nullptr) {
+    const ChunkKv& p = *input.prefix_kv;
+    if (p.token_ids != input.prefix_ids) {
+      return absl::InvalidArgumentError("prefix_kv: its tokens are not prefix_ids");
+    }
+    if (static_cast<int>(p.k.size()) != model.n_layers() ||
+        static_cast<int>(p.v.size()) != model.n_layers() || p.k[0].dim() != 3 ||
+        p.k[0].size(0) != c.num_key_value_heads || p.k[0].size(1) != p.size() ||
+        p.k[0].size(2) != c.head_dim) {
+      return absl::FailedPreconditionError("prefix_kv: KV shape does not match the model");
     }
   }
   for (int l : options.scoring_layers) {
@@ -98,7 +111,15 @@ absl::StatusOr<BlendedContext> BuildContext(const Model& model, const QueryInput
   }
 
   Stopwatch sw;
-  if (n_prefix > 0) PrefillTokens(model, input.prefix_ids, 0, &ctx.cache, no_logits);
+  if (n_prefix > 0) {
+    // A stored prefix record is the prefix prefilled alone at 0..n-1: the
+    // same K/V a fresh prefill gives, without the forward pass.
+    if (input.prefix_kv != nullptr && !input.prefix_kv->lossy) {
+      AppendChunkAt(model, *input.prefix_kv, 0, &ctx.cache);
+    } else {
+      PrefillTokens(model, input.prefix_ids, 0, &ctx.cache, no_logits);
+    }
+  }
   std::vector<int32_t> slot_ids = input.prefix_ids;
   std::vector<int32_t> ctx_ids =
       RepositionChunks(model, input.chunks, plan.chunk_order, n_prefix, &ctx.cache);
@@ -108,13 +129,15 @@ absl::StatusOr<BlendedContext> BuildContext(const Model& model, const QueryInput
   const int64_t k = BudgetFor(options.ratio, n_ctx);
   // The first chunk's cached KV is already exact when it was prefilled after
   // exactly this prefix and stored losslessly: recomputing it would be wasted
-  // budget.
-  const int32_t bos = static_cast<int32_t>(model.config().bos_token_id.value_or(1));
+  // budget. With a longer prefix (system prompt + chat header) no chunk was
+  // prefilled after it, so every chunk is a candidate; the exact part is the
+  // prefix itself, which is outside the candidate range.
+  const std::optional<int64_t> bos = model.config().bos_token_id;
   const bool first_exact =
       !input.chunks[plan.chunk_order[0]]->lossy &&
       ((input.chunk_prefix_mode == PrefixMode::kNone && input.prefix_ids.empty()) ||
-       (input.chunk_prefix_mode == PrefixMode::kBos &&
-        input.prefix_ids == std::vector<int32_t>{bos}));
+       (input.chunk_prefix_mode == PrefixMode::kBos && bos.has_value() &&
+        input.prefix_ids == std::vector<int32_t>{static_cast<int32_t>(*bos)}));
   const std::vector<bool> eligible =
       first_exact ? ExcludeFirstChunk(n_ctx, lengths[plan.chunk_order[0]]) : std::vector<bool>{};
 

@@ -33,8 +33,14 @@ std::vector<int> DefaultScoringLayers(const Model& model);
 
 // One query's inputs, all as token ids.
 struct QueryInput {
-  // What precedes the chunks (e.g. [BOS]); its KV is computed fresh.
+  // What precedes the chunks: [BOS], or a system prompt + chat header. Never
+  // a recompute candidate: its KV is exact (positions 0..n-1, nothing before).
   std::vector<int32_t> prefix_ids;
+  // Optional: the KV of exactly `prefix_ids` prefilled alone with nothing
+  // before (a stored PrefixMode::kNone record), placed at positions 0..n-1
+  // instead of prefilling the prefix again. Ignored when lossy (the prefix is
+  // then prefilled fresh, so it stays exact) and by Method::kFull.
+  std::shared_ptr<const ChunkKv> prefix_kv;
   // The stored chunks, in request order. Each was prefilled alone after
   // `chunk_prefix_mode`.
   std::vector<std::shared_ptr<const ChunkKv>> chunks;

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -165,6 +166,49 @@ const char* Architecture(const std::string& model_type) {
 
 }  // namespace
 
+namespace {
+
+// "eos_token_id": absent/null (none), an integer, or a list of integers.
+absl::StatusOr<std::vector<int64_t>> GetEosIds(const json& root) {
+  std::vector<int64_t> ids;
+  const json* eos = Field(root, "eos_token_id");
+  if (eos == nullptr) return ids;
+  if (eos->is_array()) {
+    for (const json& id : *eos) {
+      if (!id.is_number_integer()) {
+        return FieldError("", "eos_token_id", "must be an integer or a list of integers", *eos);
+      }
+      ids.push_back(id.get<int64_t>());
+    }
+    return ids;
+  }
+  absl::StatusOr<int64_t> id = GetInt(root, "eos_token_id", {});
+  if (!id.ok()) return id.status();
+  ids.push_back(*id);
+  return ids;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int64_t>> ParseGenerationConfigEos(std::string_view text) {
+  json root;
+  try {
+    root = json::parse(text.begin(), text.end());
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("not valid JSON: ", e.what()));
+  }
+  if (!root.is_object()) return absl::InvalidArgumentError("not a JSON object");
+  return GetEosIds(root);
+}
+
+std::vector<int64_t> StopTokenIds(const ModelConfig& c) {
+  std::vector<int64_t> ids = c.eos_token_ids;
+  for (int64_t id : c.generation_eos_token_ids) {
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+  }
+  return ids;
+}
+
 absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view text) {
   json root;
   try {
@@ -271,21 +315,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view text) {
     INFOFLOW_ASSIGN_OR_RETURN_CFG(c.bos_token_id,
                                   GetInt(root, "bos_token_id", {}));
   }
-  if (const json* eos = Field(root, "eos_token_id"); eos != nullptr) {
-    if (eos->is_array()) {
-      for (const json& id : *eos) {
-        if (!id.is_number_integer()) {
-          return FieldError("", "eos_token_id",
-                            "must be an integer or a list of integers", *eos);
-        }
-        c.eos_token_ids.push_back(id.get<int64_t>());
-      }
-    } else {
-      int64_t id = 0;
-      INFOFLOW_ASSIGN_OR_RETURN_CFG(id, GetInt(root, "eos_token_id", {}));
-      c.eos_token_ids.push_back(id);
-    }
-  }
+  INFOFLOW_ASSIGN_OR_RETURN_CFG(c.eos_token_ids, GetEosIds(root));
   // Newer transformers write "dtype" instead of "torch_dtype".
   const json* dtype = Field(root, "torch_dtype");
   if (dtype == nullptr) dtype = Field(root, "dtype");

@@ -54,6 +54,10 @@ struct ModelConfig {
   std::string hidden_act = "silu";  // Only "silu" is accepted.
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;  // "eos_token_id": int or list.
+  // generation_config.json's "eos_token_id" (int or list), which often lists
+  // more than config.json (Llama-3 <|eot_id|>, Qwen <|im_end|>). Not part of
+  // config.json: Model::Load reads it from the model directory when present.
+  std::vector<int64_t> generation_eos_token_ids;
   std::string torch_dtype;  // "float32", "bfloat16", ... or "" if absent.
 };
 
@@ -68,6 +72,15 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json);
 // config.json). Errors are those of ParseModelConfig prefixed with the path,
 // or NotFound if the file cannot be read.
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path);
+
+// The "eos_token_id" of a generation_config.json text (an integer, a list of
+// integers, or absent/null: none). InvalidArgument for invalid JSON or a
+// non-integer id.
+absl::StatusOr<std::vector<int64_t>> ParseGenerationConfigEos(std::string_view json);
+
+// The ids that end generation: config.json's eos_token_ids, then the
+// generation_config.json ones not already listed (a union, in that order).
+std::vector<int64_t> StopTokenIds(const ModelConfig& config);
 
 // Serializes `config` as a Hugging Face compatible config.json (pretty
 // printed, with "architectures" set from model_type) that ParseModelConfig

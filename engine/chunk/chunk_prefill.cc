@@ -21,7 +21,11 @@ absl::StatusOr<ChunkKv> PrefillChunk(const Model& model, const std::vector<int32
   const int64_t prefix = PrefixLength(prefix_mode);
   std::vector<int32_t> input(prefix + tokens.size());
   if (prefix_mode == PrefixMode::kBos) {
-    input[0] = static_cast<int32_t>(model.config().bos_token_id.value_or(1));
+    if (!model.config().bos_token_id.has_value()) {
+      return absl::InvalidArgumentError(
+          "prefix mode BOS: the model's config.json has no bos_token_id; use prefix mode NONE");
+    }
+    input[0] = static_cast<int32_t>(*model.config().bos_token_id);
   }
   std::copy(tokens.begin(), tokens.end(), input.begin() + prefix);
 

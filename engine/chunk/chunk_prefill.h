@@ -23,7 +23,8 @@ int64_t PrefixLength(PrefixMode mode);
 
 // Prefills `tokens` alone (local causal mask, local positions after the
 // prefix) and returns their per-layer pre-RoPE K and V. InvalidArgument if
-// `tokens` is empty or holds an id outside the vocabulary.
+// `tokens` is empty or holds an id outside the vocabulary, or for kBos on a
+// model whose config has no bos_token_id (no id is made up).
 absl::StatusOr<ChunkKv> PrefillChunk(const Model& model, const std::vector<int32_t>& tokens,
                                      PrefixMode prefix_mode);
 

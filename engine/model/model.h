@@ -98,7 +98,9 @@ struct LayerTrace {
 
 class Model {
  public:
-  // Loads config.json and model.safetensors (or a sharded index) from `dir`.
+  // Loads config.json, generation_config.json when present (its eos ids are
+  // stop ids too: ModelConfig::generation_eos_token_ids) and
+  // model.safetensors (or a sharded index) from `dir`.
   static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir,
                                                      const LoadOptions& options = {});
   // Wraps weights already in memory (tests, training export).

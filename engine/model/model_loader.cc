@@ -150,6 +150,25 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
     return absl::Status(config.status().code(),
                         absl::StrCat(dir, "/config.json: ", config.status().message()));
   }
+  // generation_config.json (optional) adds stop ids: Llama-3.x lists
+  // <|eot_id|> there, Qwen <|im_end|>/<|endoftext|>.
+  if (std::ifstream gen(dir + "/generation_config.json"); gen) {
+    std::stringstream gen_text;
+    gen_text << gen.rdbuf();
+    absl::StatusOr<std::vector<int64_t>> eos = ParseGenerationConfigEos(gen_text.str());
+    if (!eos.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir, "/generation_config.json: ", eos.status().message()));
+    }
+    for (int64_t id : *eos) {
+      if (id < 0 || id >= config->vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(dir, "/generation_config.json: eos_token_id ", id,
+                         " is outside the vocabulary [0, ", config->vocab_size, ")"));
+      }
+    }
+    config->generation_eos_token_ids = *std::move(eos);
+  }
   absl::StatusOr<c10::Device> device = ResolveDevice(options.device);
   if (!device.ok()) return device.status();
   absl::StatusOr<c10::ScalarType> dtype = ResolveDtype(options.dtype, *device, *config);

@@ -1,10 +1,12 @@
 #include "engine/model/test_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
+#include <sstream>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -84,16 +86,47 @@ absl::Status WriteTestModel(const std::string& dir, const TestModelSpec& spec) {
   if (ec) return absl::InternalError("cannot create " + dir + ": " + ec.message());
 
   // Tokenizer first: its special-token ids must match the config.
-  std::vector<std::string> specials(std::begin(kSpecialTokens), std::end(kSpecialTokens));
-  absl::StatusOr<std::string> tok_json =
-      TrainByteLevelBpeTokenizerJson(TokenizerCorpus(), static_cast<int>(c.vocab_size), specials);
+  absl::StatusOr<std::string> tok_json;
+  if (spec.tokenizer_json_path.empty()) {
+    std::vector<std::string> specials(std::begin(kSpecialTokens), std::end(kSpecialTokens));
+    tok_json =
+        TrainByteLevelBpeTokenizerJson(TokenizerCorpus(), static_cast<int>(c.vocab_size), specials);
+  } else {
+    std::ifstream in(spec.tokenizer_json_path, std::ios::binary);
+    if (!in) return absl::NotFoundError("cannot read " + spec.tokenizer_json_path);
+    std::stringstream text;
+    text << in.rdbuf();
+    tok_json = text.str();
+  }
   if (!tok_json.ok()) return tok_json.status();
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromJsonString(*tok_json);
   if (!tok.ok()) return tok.status();
-  std::optional<int32_t> bos = (*tok)->TokenToId("<s>"), eos = (*tok)->TokenToId("</s>");
-  if (!bos || !eos) return absl::InternalError("trained tokenizer lacks <s> or </s>");
-  c.bos_token_id = *bos;
-  c.eos_token_ids = {*eos};
+  if (!spec.tokenizer_json_path.empty()) {
+    c.vocab_size = std::max<int64_t>(c.vocab_size, (*tok)->vocab_size());
+  }
+  auto id_of = [&](const std::string& spelling) -> absl::StatusOr<int64_t> {
+    std::optional<int32_t> id = (*tok)->TokenToId(spelling);
+    if (!id) return absl::InvalidArgumentError("the tokenizer has no token " + spelling);
+    return *id;
+  };
+  c.bos_token_id.reset();
+  if (!spec.bos_token.empty()) {
+    absl::StatusOr<int64_t> bos = id_of(spec.bos_token);
+    if (!bos.ok()) return bos.status();
+    c.bos_token_id = *bos;
+  }
+  c.eos_token_ids.clear();
+  for (const std::string& e : spec.eos_tokens) {
+    absl::StatusOr<int64_t> eos = id_of(e);
+    if (!eos.ok()) return eos.status();
+    c.eos_token_ids.push_back(*eos);
+  }
+  std::vector<int64_t> generation_eos;
+  for (const std::string& e : spec.generation_eos_tokens) {
+    absl::StatusOr<int64_t> eos = id_of(e);
+    if (!eos.ok()) return eos.status();
+    generation_eos.push_back(*eos);
+  }
   if ((*tok)->vocab_size() > c.vocab_size) {
     return absl::InternalError("trained tokenizer is larger than the model vocabulary");
   }
@@ -159,6 +192,13 @@ absl::Status WriteTestModel(const std::string& dir, const TestModelSpec& spec) {
   std::ofstream tj(dir + "/tokenizer.json");
   tj << *tok_json;
   if (!cfg || !tj) return absl::InternalError("cannot write config/tokenizer in " + dir);
+  if (!generation_eos.empty()) {
+    std::ofstream gen(dir + "/generation_config.json");
+    gen << "{\n  \"eos_token_id\": [";
+    for (size_t i = 0; i < generation_eos.size(); ++i) gen << (i ? ", " : "") << generation_eos[i];
+    gen << "]\n}\n";
+    if (!gen) return absl::InternalError("cannot write generation_config.json in " + dir);
+  }
   return absl::OkStatus();
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "engine/checkpoint/model_config.h"
@@ -25,6 +26,16 @@ struct TestModelSpec {
   bool tie_word_embeddings = false;
   std::string dtype = "f32";  // stored dtype: f32 | bf16 | f16
   uint64_t seed = 0;
+  // A tokenizer.json to ship instead of training one (e.g. a real Qwen3 or
+  // Llama-3 file); the vocabulary grows to its size when that is larger.
+  std::string tokenizer_json_path;
+  // Spellings of the special tokens in the tokenizer: the BOS ("" = the
+  // config has no bos_token_id), config.json's eos_token_id, and the
+  // generation_config.json eos_token_id (that file is written only when this
+  // is non-empty).
+  std::string bos_token = "<s>";
+  std::vector<std::string> eos_tokens = {"</s>"};
+  std::vector<std::string> generation_eos_tokens;
 };
 
 // The ModelConfig `spec` describes.
@@ -32,7 +43,10 @@ ModelConfig TestModelConfig(const TestModelSpec& spec);
 
 // Writes config.json, model.safetensors (random weights drawn from `seed`)
 // and tokenizer.json (a byte-level BPE trained on a fixed built-in English
-// corpus) into `dir`, creating it. Same spec => byte-identical files.
+// corpus, or a copy of spec.tokenizer_json_path) into `dir`, creating it, and
+// generation_config.json when spec.generation_eos_tokens is set.
+// InvalidArgument when a named special token is not in the tokenizer.
+// Same spec (and tokenizer file) => byte-identical files.
 absl::Status WriteTestModel(const std::string& dir, const TestModelSpec& spec);
 
 }  // namespace infoflow

@@ -551,37 +551,73 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJsonString(std::string
 }
 
 std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special) const {
-  std::string repaired;
-  if (!IsValidUtf8(text)) {
-    repaired = unicode::RepairUtf8(text);
-    text = repaired;
-  }
   std::vector<int32_t> out;
-  out.reserve(text.size() / 3 + 4);
   if (add_special) out = prefix_ids_;
-  // Split around added tokens, leftmost then longest.
-  size_t seg_start = 0;
-  for (size_t i = 0; i < text.size();) {
-    const auto& cands = impl_->added_by_first_byte[static_cast<unsigned char>(text[i])];
-    const Impl::Added* hit = nullptr;
-    for (const Impl::Added& a : cands) {
-      if (text.compare(i, a.content.size(), a.content) == 0) {
-        hit = &a;
-        break;
-      }
-    }
-    if (hit == nullptr) {
-      ++i;
-      continue;
-    }
-    if (i > seg_start) EncodeSegment(text.substr(seg_start, i - seg_start), &out);
-    out.push_back(hit->id);
-    i += hit->content.size();
-    seg_start = i;
-  }
-  if (seg_start < text.size()) EncodeSegment(text.substr(seg_start), &out);
+  EncodePiecesInto({Piece{text, true}}, &out);
   if (add_special) out.insert(out.end(), suffix_ids_.begin(), suffix_ids_.end());
   return out;
+}
+
+std::vector<int32_t> Tokenizer::EncodePieces(const std::vector<Piece>& pieces) const {
+  std::vector<int32_t> out;
+  EncodePiecesInto(pieces, &out);
+  return out;
+}
+
+void Tokenizer::EncodePiecesInto(const std::vector<Piece>& pieces,
+                                 std::vector<int32_t>* out) const {
+  // The plain text since the last added token, as views into the pieces; it
+  // is encoded as one segment when the next added token (or the end) comes,
+  // so a run that crosses a piece boundary tokenizes as the joined text would.
+  std::vector<std::string_view> run;
+  std::string joined;
+  auto flush = [&] {
+    if (run.size() == 1) {
+      EncodeSegment(run[0], out);
+    } else if (run.size() > 1) {
+      joined.clear();
+      for (std::string_view part : run) joined.append(part);
+      EncodeSegment(joined, out);
+    }
+    run.clear();
+  };
+  std::vector<std::string> repaired;  // keeps repaired piece texts alive for `run`
+  repaired.reserve(pieces.size());
+  size_t bytes = 0;
+  for (const Piece& p : pieces) bytes += p.text.size();
+  out->reserve(out->size() + bytes / 3 + 4);
+  for (const Piece& piece : pieces) {
+    std::string_view text = piece.text;
+    if (!IsValidUtf8(text)) {
+      repaired.push_back(unicode::RepairUtf8(text));
+      text = repaired.back();
+    }
+    // Split around added tokens, leftmost then longest; special ones only
+    // where the piece allows them.
+    size_t seg_start = 0;
+    for (size_t i = 0; i < text.size();) {
+      const auto& cands = impl_->added_by_first_byte[static_cast<unsigned char>(text[i])];
+      const Impl::Added* hit = nullptr;
+      for (const Impl::Added& a : cands) {
+        if ((piece.parse_special || !special_[a.id]) &&
+            text.compare(i, a.content.size(), a.content) == 0) {
+          hit = &a;
+          break;
+        }
+      }
+      if (hit == nullptr) {
+        ++i;
+        continue;
+      }
+      if (i > seg_start) run.push_back(text.substr(seg_start, i - seg_start));
+      flush();
+      out->push_back(hit->id);
+      i += hit->content.size();
+      seg_start = i;
+    }
+    if (seg_start < text.size()) run.push_back(text.substr(seg_start));
+  }
+  flush();
 }
 
 void Tokenizer::EncodeSegment(std::string_view segment, std::vector<int32_t>* out) const {

@@ -22,7 +22,8 @@
 //    for our purposes: they add nothing).
 //  - added_tokens: matched verbatim in the raw input (longest match first,
 //    left to right) before normalization, whatever their `normalized`,
-//    `lstrip`, `rstrip`, `single_word` flags say (those are ignored).
+//    `lstrip`, `rstrip`, `single_word` flags say (those are ignored). Those
+//    flagged "special" only where the caller allows it (EncodePieces).
 //
 // A Tokenizer is immutable after construction except for an internal,
 // mutex-protected cache of encoded words, so Encode/Decode and all accessors
@@ -66,6 +67,25 @@ class Tokenizer {
   // becomes unk_token, or is dropped if the model has none.
   std::vector<int32_t> Encode(std::string_view text, bool add_special = false) const;
 
+  // A span of text to encode, and whether the *special* added tokens in it
+  // (flagged "special" in the file: <|im_start|>, <|eot_id|>, <s>, ...)
+  // become their single ids. With parse_special false such a spelling is
+  // encoded as the plain text it is (so text from users cannot inject control
+  // tokens); non-special added tokens are matched either way, as Hugging
+  // Face tokenizers does with split_special_tokens.
+  struct Piece {
+    std::string_view text;
+    bool parse_special = true;
+  };
+
+  // Encodes the concatenation of `pieces` (no post_processor tokens). An
+  // added token is matched only inside one piece; the plain text between two
+  // matched tokens is encoded as one run even where it crosses piece
+  // boundaries, so a template and the question substituted into it tokenize
+  // exactly as their joined text would (when nothing is matched differently).
+  // EncodePieces({{text, true}}) == Encode(text).
+  std::vector<int32_t> EncodePieces(const std::vector<Piece>& pieces) const;
+
   // Decodes `ids` to UTF-8 text, running the file's decoder. Special
   // tokens decode to their content unless `skip_special`. Ids out of range
   // are skipped. Byte sequences that are not valid UTF-8 become U+FFFD
@@ -96,6 +116,7 @@ class Tokenizer {
   // How many leading ' ' the decoder strips from the whole output.
   int strip_leading_spaces() const { return strip_leading_; }
 
+  void EncodePiecesInto(const std::vector<Piece>& pieces, std::vector<int32_t>* out) const;
   void EncodeSegment(std::string_view segment, std::vector<int32_t>* out) const;
   void EncodeWord(std::string_view word, std::vector<int32_t>* out) const;
   void BpeWord(std::string_view word, std::vector<int32_t>* out) const;

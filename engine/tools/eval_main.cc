@@ -506,7 +506,7 @@ absl::Status Run(const Flags& f) {
   }
   DecodeOptions decode;
   decode.max_new_tokens = f.max_new_tokens;
-  for (int64_t id : m.config().eos_token_ids) decode.stop_ids.push_back(static_cast<int32_t>(id));
+  for (int64_t id : StopTokenIds(m.config())) decode.stop_ids.push_back(static_cast<int32_t>(id));
   const int agree_positions = std::min(16, f.max_new_tokens);
 
   // Cells in output order: each method at its ratios.

@@ -15,6 +15,10 @@ constexpr char kUsage[] =
     "          [--hidden N] [--heads N] [--kv-heads N] [--ffn N] [--vocab N]\n"
     "          [--max-positions N] [--dtype f32|bf16|f16] [--llama3-rope-scaling]\n"
     "          [--tie-embeddings] [--seed S]\n"
+    "          [--tokenizer-json FILE [--bos-token T] [--eos-token T]... [--generation-eos-token T]...]\n"
+    "--tokenizer-json ships FILE (e.g. a real Qwen3/Llama-3 tokenizer.json) instead of the\n"
+    "trained BPE; the vocabulary grows to its size. --bos-token '' = no bos_token_id.\n"
+    "--generation-eos-token writes generation_config.json (its eos ids are stop ids too).\n"
     "Random weights (seeded): the model computes, it does not know anything.\n"
     "Defaults: llama, 4 layers, hidden 64, 4/2 heads, ffn 128, vocab 512, f32, seed 0.\n";
 
@@ -23,6 +27,7 @@ constexpr char kUsage[] =
 int main(int argc, char** argv) {
   infoflow::TestModelSpec spec;
   std::string out;
+  bool eos_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     auto value = [&]() -> const char* {
@@ -61,6 +66,16 @@ int main(int argc, char** argv) {
       spec.llama3_rope_scaling = true;
     } else if (f == "--tie-embeddings") {
       spec.tie_word_embeddings = true;
+    } else if (f == "--tokenizer-json") {
+      spec.tokenizer_json_path = value();
+    } else if (f == "--bos-token") {
+      spec.bos_token = value();
+    } else if (f == "--eos-token") {
+      if (!eos_given) spec.eos_tokens.clear();
+      eos_given = true;
+      spec.eos_tokens.push_back(value());
+    } else if (f == "--generation-eos-token") {
+      spec.generation_eos_tokens.push_back(value());
     } else {
       std::fprintf(stderr, "unknown flag %s\n\n%s", f.c_str(), kUsage);
       return 2;

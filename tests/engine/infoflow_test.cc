@@ -221,6 +221,54 @@ TEST_P(InfoFlowTest, RecomputeWorkIsProportionalToK) {
   }
 }
 
+// A text prefix (system prompt + chat header) before the chunks, its KV from
+// a stored record (PrefixMode::kNone, positions 0..n-1) as the server uses
+// it: the same invariants hold, the record equals a fresh prefill of the
+// prefix, and every chunk is a candidate (the first is no longer exact).
+TEST_P(InfoFlowTest, TextPrefixKeepsTheInvariants) {
+  QueryInput in = MakeInput({17, 23, 9, 30}, 7);
+  in.prefix_ids = Ids(11, 777, vocab_);
+  in.prefix_ids.insert(in.prefix_ids.begin(), bos_);
+  auto prefix_kv = PrefillChunk(*model_, in.prefix_ids, PrefixMode::kNone);
+  ASSERT_TRUE(prefix_kv.ok()) << prefix_kv.status();
+  QueryInput fresh = in;  // the prefix prefilled in the pipeline instead
+  in.prefix_kv = std::make_shared<ChunkKv>(*std::move(prefix_kv));
+  const at::Tensor ref = FullLogits(in);
+  EXPECT_LE(MaxAbsDiff(ref, FullLogits(fresh)), 1e-6);
+  for (Method m : {Method::kInfoFlow, Method::kCacheBlend, Method::kRandom}) {
+    MethodOptions o;
+    o.method = m;
+    o.ratio = 1.0;
+    EXPECT_LE(MaxAbsDiff(PromptLogits(in, o), ref), 1e-4) << MethodName(m);
+    o.ratio = 0.0;
+    MethodOptions none;
+    none.method = Method::kNone;
+    RecomputePlan plan;
+    const at::Tensor base = PromptLogits(in, none);
+    EXPECT_LE(MaxAbsDiff(PromptLogits(in, o, &plan), base), 1e-5) << MethodName(m);
+    EXPECT_TRUE(plan.selected.empty());
+    EXPECT_LE(MaxAbsDiff(base, PromptLogits(fresh, none)), 1e-4) << "stored prefix != fresh";
+    EXPECT_GT(MaxAbsDiff(base, ref), 1e-3);  // NONE is not exact, so the checks can fail
+  }
+  // EPIC takes the first token of every chunk: with [BOS] alone the first
+  // chunk is exact and skipped; after a text prefix it is a candidate.
+  MethodOptions epic;
+  epic.method = Method::kEpic;
+  epic.lego_k = 1;
+  RecomputePlan with_prefix, bos_only;
+  PromptLogits(in, epic, &with_prefix);
+  PromptLogits(MakeInput({17, 23, 9, 30}, 7), epic, &bos_only);
+  EXPECT_EQ(with_prefix.selected, (std::vector<int64_t>{0, 17, 40, 49}));
+  EXPECT_EQ(bos_only.selected, (std::vector<int64_t>{17, 40, 49}));
+  // A record of other tokens is refused, not used.
+  QueryInput wrong = in;
+  wrong.prefix_ids.back() = wrong.prefix_ids.back() == 5 ? 6 : 5;
+  MethodOptions none;
+  none.method = Method::kNone;
+  EXPECT_EQ(BuildContext(*model_, wrong, none).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, InfoFlowTest, ::testing::Values("llama", "qwen3"));
 
 TEST(Selection, TopKIsSortedStableAndRespectsEligibility) {

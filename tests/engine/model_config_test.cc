@@ -327,6 +327,26 @@ ModelConfig RopeConfig(double theta, int64_t head_dim) {
   return c;
 }
 
+TEST(GenerationConfigTest, EosScalarListOrAbsentAndTheUnionWithConfig) {
+  EXPECT_THAT(*ParseGenerationConfigEos(R"({"eos_token_id": 128009})"), ElementsAre(128009));
+  EXPECT_THAT(*ParseGenerationConfigEos(R"({"bos_token_id": 1, "eos_token_id": [128001, 128008, 128009]})"),
+              ElementsAre(128001, 128008, 128009));
+  EXPECT_TRUE(ParseGenerationConfigEos(R"({"do_sample": true})")->empty());
+  EXPECT_TRUE(ParseGenerationConfigEos(R"({"eos_token_id": null})")->empty());
+  EXPECT_EQ(ParseGenerationConfigEos(R"({"eos_token_id": "x"})").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseGenerationConfigEos(R"({"eos_token_id": [1, 2.5]})").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(ParseGenerationConfigEos("[1, 2]").ok());
+  EXPECT_FALSE(ParseGenerationConfigEos("{").ok());
+  ModelConfig c;
+  c.eos_token_ids = {151645};
+  c.generation_eos_token_ids = {151645, 151643};
+  EXPECT_THAT(StopTokenIds(c), ElementsAre(151645, 151643));
+  c.eos_token_ids = {};
+  EXPECT_THAT(StopTokenIds(c), ElementsAre(151645, 151643));
+}
+
 TEST(RopeTest, Default) {
   // head_dim 8, theta 1e4: 1e4^(-0/8), 1e4^(-2/8), 1e4^(-4/8), 1e4^(-6/8).
   std::vector<double> inv = RopeInverseFrequencies(RopeConfig(10000, 8));

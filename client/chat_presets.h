@@ -1,0 +1,46 @@
+// Named chat formats for `infoflow query --chat NAME`: the prefix (system
+// prompt + user-turn header, before the chunks) and the prompt template
+// (question + assistant header, after them) the model families' own chat
+// templates produce for one system and one user message whose content is
+// the retrieved context followed by the question. The strings are spelled
+// out in README.md ("Instruct models") and in client/python/example_client.py.
+//
+// Pure functions; thread-safe.
+#ifndef INFOFLOW_CLIENT_CHAT_PRESETS_H_
+#define INFOFLOW_CLIENT_CHAT_PRESETS_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace infoflow::cli {
+
+struct ChatPreset {
+  std::string prefix;           // QueryRequest.prefix
+  std::string prompt_template;  // QueryRequest.prompt_template ("{question}")
+};
+
+// The system prompt used when none is given.
+inline constexpr char kDefaultSystemPrompt[] = "You are a helpful assistant.";
+
+// Preset names, in the order --help lists them: qwen, llama3, mistral.
+std::vector<std::string> ChatPresetNames();
+
+// The preset `name` with `system` as the system prompt, or nullopt for an
+// unknown name.
+//   qwen    (ChatML: Qwen2.5, Qwen3 with thinking on)
+//     prefix   "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n"
+//     template "\n\nQuestion: {question}<|im_end|>\n<|im_start|>assistant\n"
+//   llama3  (Llama-3, 3.1, 3.2, 3.3 Instruct)
+//     prefix   "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n{system}"
+//              "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n"
+//     template "\n\nQuestion: {question}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+//   mistral (Mistral/Mixtral Instruct: no system role, so the system prompt
+//            opens the user turn)
+//     prefix   "<s>[INST] {system}\n\n"
+//     template "\n\nQuestion: {question} [/INST]"
+std::optional<ChatPreset> FindChatPreset(const std::string& name, const std::string& system);
+
+}  // namespace infoflow::cli
+
+#endif  // INFOFLOW_CLIENT_CHAT_PRESETS_H_
