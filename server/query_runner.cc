@@ -121,6 +121,7 @@ absl::StatusOr<QueryOutcome> QueryRunner::Run(const QuerySpec& spec, const Token
   options.reorder = spec.reorder;
   options.scoring_layers = spec.scoring_layers;
   options.lego_k = spec.lego_k;
+  options.deviation = spec.deviation;
   options.seed = spec.seed;
 
   DecodeOptions decode;
