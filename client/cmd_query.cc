@@ -20,7 +20,8 @@ namespace v1 = ::infoflow::v1;
 
 constexpr char kUsage[] =
     "usage: infoflow query [--server ADDR] --question Q (--key K | --chunk-text T | --chunk-file F)...\n"
-    "                      [--method infoflow|full|none|cacheblend|epic|random] [--ratio R]\n"
+    "                      [--method infoflow|full|none|cacheblend|cacheblend_partial|\n"
+    "                                infoflow_blend|epic|random] [--ratio R] [--deviation v|k]\n"
     "                      [--reorder] [--report] [--max-new-tokens N]\n"
     "                      [--chat qwen|llama3|mistral] [--system TEXT|@FILE]\n"
     "                      [--prefix TEXT|@FILE] [--template TEXT|@FILE] [--parse-special]\n"
@@ -71,7 +72,7 @@ bool ParseMethodFlag(std::string name, v1::Method* out) {
 int RunQuery(int argc, char** argv) {
   Flags flags;
   std::set<std::string> value_flags = kConnectFlags;
-  value_flags.insert({"question", "key", "chunk-text", "chunk-file", "method", "ratio",
+  value_flags.insert({"question", "key", "chunk-text", "chunk-file", "method", "ratio", "deviation",
                       "max-new-tokens", "template", "temperature", "top-p", "seed", "stop",
                       "prefix-mode", "prefix", "chat", "system", "stop-id"});
   if (!flags.Parse(argc, argv, value_flags, {"help", "reorder", "report", "parse-special"})) {
@@ -121,6 +122,14 @@ int RunQuery(int argc, char** argv) {
     return 2;
   }
   req.set_method(method);
+  if (flags.Has("deviation")) {
+    const std::string d = absl::AsciiStrToLower(flags.Get("deviation"));
+    if (d != "v" && d != "k") {
+      std::fprintf(stderr, "infoflow query: --deviation must be v or k\n");
+      return 2;
+    }
+    req.set_deviation(d == "k" ? v1::DEVIATION_K : v1::DEVIATION_V);
+  }
   double ratio;
   if (flags.Has("ratio")) {
     if (!absl::SimpleAtod(flags.Get("ratio"), &ratio)) {

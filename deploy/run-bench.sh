@@ -3,7 +3,7 @@
 # then runs tests/bench/serve_bench against a real infoflow-server on
 # 127.0.0.1 (RocksDB in a temp dir) and writes into OUT (default bench_out/):
 #   ttft_summary.csv / ttft_runs.csv  TTFT vs context for FULL, NONE, INFOFLOW
-#       r=0.15 (+reorder), CACHEBLEND r=0.15, EPIC k=4: median of REPS runs,
+#       r=0.15 (+reorder), INFOFLOW_BLEND, CACHEBLEND, CACHEBLEND_PARTIAL r=0.15, EPIC k=4: median of REPS runs,
 #       ratio to FULL from the same run, stage breakdown, and the in-process
 #       engine's TTFT on the same inputs (gRPC overhead)
 #   ingest.csv        gRPC ingest tokens/s vs in-process prefill

@@ -203,6 +203,7 @@ absl::StatusOr<std::unique_ptr<PrefilledQuery>> QueryRunner::Prefill(
   options.reorder = spec.reorder;
   options.scoring_layers = spec.scoring_layers;
   options.lego_k = spec.lego_k;
+  options.deviation = spec.deviation;
   options.seed = spec.seed;
 
   DecodeOptions& decode = q->decode;

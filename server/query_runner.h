@@ -20,6 +20,7 @@
 
 namespace infoflow {
 enum class Method;
+enum class Deviation;
 }
 
 namespace infoflow::server {
@@ -34,6 +35,7 @@ struct QuerySpec {
   bool reorder = false;
   std::vector<int> scoring_layers;
   int lego_k = 4;
+  Deviation deviation{};  // value 0 = Deviation::kV (engine/blend/method.h)
   float temperature = 0, top_p = 1;
   uint64_t seed = 0;
   int max_new_tokens = 64;

@@ -84,6 +84,8 @@ bool ToMethod(v1::Method m, Method* out) {
     case v1::METHOD_CACHEBLEND: *out = Method::kCacheBlend; return true;
     case v1::METHOD_EPIC: *out = Method::kEpic; return true;
     case v1::METHOD_RANDOM: *out = Method::kRandom; return true;
+    case v1::METHOD_CACHEBLEND_PARTIAL: *out = Method::kCacheBlendPartial; return true;
+    case v1::METHOD_INFOFLOW_BLEND: *out = Method::kInfoFlowBlend; return true;
     default: return false;
   }
 }
@@ -96,6 +98,8 @@ v1::Method FromMethod(Method m) {
     case Method::kCacheBlend: return v1::METHOD_CACHEBLEND;
     case Method::kEpic: return v1::METHOD_EPIC;
     case Method::kRandom: return v1::METHOD_RANDOM;
+    case Method::kCacheBlendPartial: return v1::METHOD_CACHEBLEND_PARTIAL;
+    case Method::kInfoFlowBlend: return v1::METHOD_INFOFLOW_BLEND;
   }
   return v1::METHOD_UNSPECIFIED;
 }
@@ -185,6 +189,13 @@ grpc::Status ToSpec(const ServiceDeps& d, const v1::QueryRequest& req, QuerySpec
   }
   if (req.lego_k() < 0) return Invalid("lego_k: must be >= 0");
   spec->lego_k = req.lego_k() == 0 ? 4 : req.lego_k();
+  switch (req.deviation()) {
+    case v1::DEVIATION_UNSPECIFIED:
+    case v1::DEVIATION_V: spec->deviation = Deviation::kV; break;
+    case v1::DEVIATION_K: spec->deviation = Deviation::kK; break;
+    default:
+      return Invalid(absl::StrCat("deviation: unknown value ", static_cast<int>(req.deviation())));
+  }
   const v1::Sampling& s = req.sampling();
   if (!(s.temperature() >= 0.0f) || std::isinf(s.temperature())) {
     return Invalid("sampling.temperature: must be a finite number >= 0");

@@ -9,12 +9,31 @@
 
 namespace infoflow {
 
-enum class Method { kFull, kNone, kInfoFlow, kCacheBlend, kEpic, kRandom };
-const char* MethodName(Method m);  // "FULL", "NONE", "INFOFLOW", ...
+// kCacheBlend is the original CacheBlend (fresh layer-0/1 K/V for every
+// context token, then the top-k by layer-1 deviation recomputed from layer
+// 2 on); kCacheBlendPartial is LMCache's variant (fresh layer-1 K/V kept for
+// the top-k only, so r = 0 is NONE). kInfoFlowBlend is INFOFLOW's relevance
+// combined with CACHEBLEND's layer-1 deviation measured at one layer's cost
+// (DESIGN.md §3).
+enum class Method {
+  kFull,
+  kNone,
+  kInfoFlow,
+  kCacheBlend,
+  kEpic,
+  kRandom,
+  kCacheBlendPartial,
+  kInfoFlowBlend
+};
+const char* MethodName(Method m);  // "FULL", "NONE", "INFOFLOW", "CACHEBLEND_PARTIAL", ...
 bool ParseMethod(const std::string& name, Method* out);  // case-insensitive
+// Whether the method's recompute budget depends on MethodOptions::ratio.
+bool MethodUsesRatio(Method m);
 
 enum class ScoreVariant { kL2, kSum, kVNorm };
 enum class Deviation { kV, kK };  // which layer-1 state CacheBlend compares
+const char* DeviationName(Deviation d);  // "V", "K"
+bool ParseDeviation(const std::string& name, Deviation* out);  // "v"/"k", case-insensitive
 
 struct MethodOptions {
   Method method = Method::kInfoFlow;
@@ -22,7 +41,11 @@ struct MethodOptions {
   bool reorder = false;  // INFOFLOW only: the request allows moving chunks
   std::vector<int> scoring_layers;  // empty = DefaultScoringLayers(model)
   ScoreVariant variant = ScoreVariant::kL2;
-  Deviation deviation = Deviation::kV;
+  Deviation deviation = Deviation::kV;  // CACHEBLEND*, INFOFLOW_BLEND
+  // INFOFLOW_BLEND: the share of the budget that goes to the tokens with
+  // the largest layer-1 deviation before attention-norm relevance fills the
+  // rest.
+  double stale_share = 0.5;
   int lego_k = 4;     // EPIC: tokens recomputed at the start of every chunk
   uint64_t seed = 0;  // RANDOM
 };

@@ -33,6 +33,10 @@ absl::Status Validate(const Model& model, const QueryInput& input, const MethodO
     return absl::InvalidArgumentError(absl::StrCat("ratio must be in [0, 1], got ", options.ratio));
   }
   if (options.lego_k < 0) return absl::InvalidArgumentError("lego_k must be >= 0");
+  if (!(options.stale_share >= 0.0 && options.stale_share <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stale_share must be in [0, 1], got ", options.stale_share));
+  }
   if (input.chunks.empty()) return absl::InvalidArgumentError("chunks: need at least one chunk");
   if (input.prompt_ids.empty()) return absl::InvalidArgumentError("prompt: no tokens");
   const auto& c = model.config();
@@ -184,11 +188,62 @@ absl::StatusOr<BlendedContext> BuildContext(const Model& model, const QueryInput
       plan.scores.assign(scores.data_ptr<double>(), scores.data_ptr<double>() + n_ctx);
       break;
     }
-    case Method::kCacheBlend: {
+    case Method::kCacheBlend:
+    case Method::kCacheBlendPartial: {
       Stopwatch s;
-      plan.selected = CacheBlendRecompute(model, &ctx.cache, slot_ids, n_prefix, n_prefix + n_ctx,
-                                          k, options.deviation);
+      plan.selected = CacheBlendRecompute(
+          model, &ctx.cache, slot_ids, n_prefix, n_prefix + n_ctx, k, options.deviation,
+          options.method == Method::kCacheBlend ? Layer1Update::kAll : Layer1Update::kSelected);
       t.recompute_ms += s.Ms();
+      return ctx;
+    }
+    case Method::kInfoFlowBlend: {
+      if (k == 0) break;  // r = 0: nothing measured, nothing recomputed (== NONE)
+      // 1. Staleness: every eligible token's layer-1 deviation, as CACHEBLEND
+      // ranks by, for one layer's work (layer 0 plus layer 1's K/V
+      // projection; CACHEBLEND runs layers 0 and 1). On this project's model
+      // the stale tokens that matter (cut continuations, " is" and key words
+      // in other chunks) are ones the question does not attend to.
+      Stopwatch s;
+      std::vector<int64_t> probe_ctx, probe_slots;
+      for (int64_t i = 0; i < n_ctx; ++i) {
+        if (eligible.empty() || eligible[i]) probe_ctx.push_back(i), probe_slots.push_back(n_prefix + i);
+      }
+      at::Tensor layer1_input;
+      at::Tensor dev = Layer1DeviationAtLayerZeroCost(model, &ctx.cache, slot_ids, probe_slots,
+                                                      options.deviation, &layer1_input);
+      // 2. Relevance: INFOFLOW's attention norm of the question on the stale
+      // cache (the pass above left it unchanged).
+      const std::vector<int> layers =
+          options.scoring_layers.empty() ? DefaultScoringLayers(model) : options.scoring_layers;
+      const std::vector<int32_t>& question =
+          input.question_ids.empty() ? input.prompt_ids : input.question_ids;
+      at::Tensor scores = ScoreByAttentionNorm(model, &ctx.cache, question, n_prefix + n_ctx,
+                                               n_prefix, n_prefix + n_ctx, layers, options.variant);
+      t.score_ms += s.Ms();
+      // 3. The most deviating tokens take stale_share of the budget;
+      // relevance fills the rest.
+      Stopwatch sel;
+      plan.scores.assign(scores.data_ptr<double>(), scores.data_ptr<double>() + n_ctx);
+      const int64_t k_stale = std::min<int64_t>(
+          static_cast<int64_t>(std::llround(options.stale_share * static_cast<double>(k))),
+          static_cast<int64_t>(probe_ctx.size()));
+      at::Tensor combined = scores.clone();
+      double* cs = combined.data_ptr<double>();
+      for (int64_t j : SelectTopK(dev, k_stale)) cs[probe_ctx[j]] = INFINITY;
+      plan.selected = SelectTopK(combined, k, eligible);
+      t.select_ms += sel.Ms();
+      // 4. Recompute from layer 1 on: layer 0's output is exact already.
+      Stopwatch rc;
+      std::vector<int64_t> slots, rows;
+      std::vector<int64_t> row_of(n_ctx, -1);
+      for (size_t j = 0; j < probe_ctx.size(); ++j) row_of[probe_ctx[j]] = static_cast<int64_t>(j);
+      for (int64_t i : plan.selected) slots.push_back(n_prefix + i), rows.push_back(row_of[i]);
+      if (!slots.empty()) {
+        at::Tensor row_t = at::tensor(rows, at::TensorOptions().dtype(at::kLong)).to(model.device());
+        RecomputeTokens(model, &ctx.cache, slot_ids, slots, 1, layer1_input.index_select(0, row_t));
+      }
+      t.recompute_ms += rc.Ms();
       return ctx;
     }
     case Method::kEpic: {

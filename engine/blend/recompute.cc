@@ -36,7 +36,8 @@ void RecomputeTokens(const Model& model, KvCache* cache, const std::vector<int32
 
 std::vector<int64_t> CacheBlendRecompute(const Model& model, KvCache* cache,
                                          const std::vector<int32_t>& slot_ids, int64_t begin,
-                                         int64_t end, int64_t k, Deviation deviation) {
+                                         int64_t end, int64_t k, Deviation deviation,
+                                         Layer1Update update) {
   std::vector<int64_t> all(end - begin);
   for (int64_t i = 0; i < end - begin; ++i) all[i] = begin + i;
   at::Tensor slot_t = SlotTensor(model, all);
@@ -58,9 +59,10 @@ std::vector<int64_t> CacheBlendRecompute(const Model& model, KvCache* cache,
   at::Tensor dev = (now.to(at::kDouble) - before.to(at::kDouble)).pow(2).sum(at::IntArrayRef{0, 2});
   std::vector<int64_t> chosen = SelectTopK(dev, k);
 
-  // Only the selected tokens keep their fresh layer-1 K/V (selective update,
-  // as CacheBlend does): r = 0 is then exactly NONE.
-  std::vector<bool> keep(all.size(), false);
+  // kSelected: only the selected tokens keep their fresh layer-1 K/V
+  // (LMCache's selective update): r = 0 is then exactly NONE. kAll keeps
+  // them all, as CacheBlend's own code does.
+  std::vector<bool> keep(all.size(), update == Layer1Update::kAll);
   for (int64_t c : chosen) keep[c] = true;
   std::vector<int64_t> restore_rows, restore_slots;
   for (size_t i = 0; i < all.size(); ++i) {
@@ -79,6 +81,27 @@ std::vector<int64_t> CacheBlendRecompute(const Model& model, KvCache* cache,
     RecomputeTokens(model, cache, slot_ids, slots, check_layer + 1, h.index_select(0, rows));
   }
   return chosen;
+}
+
+at::Tensor Layer1DeviationAtLayerZeroCost(const Model& model, KvCache* cache,
+                                          const std::vector<int32_t>& slot_ids,
+                                          const std::vector<int64_t>& slots, Deviation deviation,
+                                          at::Tensor* layer1_input) {
+  const int64_t n = static_cast<int64_t>(slots.size());
+  at::Tensor zeros = at::zeros({n}, at::TensorOptions().dtype(at::kDouble));
+  if (n == 0) return zeros;
+  at::Tensor slot_t = SlotTensor(model, slots);
+  at::Tensor positions = cache->positions().index_select(0, slot_t);
+  auto rope = model.RopeTables(positions);
+  at::Tensor h = model.Embed(IdsOf(model, slot_ids, slots));
+  h = model.Layer(0, h, positions, rope, slot_t, cache);
+  *layer1_input = h;
+  if (model.n_layers() < 2) return zeros;
+  auto [k, v] = model.LayerKv(1, h, rope);
+  at::Tensor fresh = deviation == Deviation::kV ? v : k;
+  at::Tensor cached =
+      (deviation == Deviation::kV ? cache->values(1) : cache->keys(1)).index_select(1, slot_t);
+  return (fresh.to(at::kDouble) - cached.to(at::kDouble)).pow(2).sum(at::IntArrayRef{0, 2}).cpu();
 }
 
 }  // namespace infoflow

@@ -25,15 +25,39 @@ void RecomputeTokens(const Model& model, KvCache* cache, const std::vector<int32
                      const std::vector<int64_t>& slots, int first_layer = 0,
                      const at::Tensor& hidden = at::Tensor());
 
+// Which layer-1 K/V CacheBlendRecompute leaves for the tokens it did not
+// select.
+enum class Layer1Update {
+  kAll,       // the fresh ones, for every token (CacheBlend's own code)
+  kSelected,  // the cached ones: only the selected keep fresh K/V (LMCache)
+};
+
 // CacheBlend: runs layers 0 and 1 for every slot in [begin, end) (layer 0
 // full), measures per token the layer-1 deviation sum((new - cached)^2) over
 // heads and dims of V (or K, pre-RoPE-equivalent since both are rotated at
 // the same position), keeps the top `k` (context indices relative to
-// `begin`, sorted), keeps fresh layer-1 K/V only for those, and recomputes
-// them from layer 2 on. k = 0 leaves the cache as it was (== NONE).
+// `begin`, sorted) and recomputes them from layer 2 on. With
+// Layer1Update::kAll every token keeps its fresh layer-1 K/V (layer 0 K/V
+// depend only on token and position, so layers 0-1 then equal FULL's for
+// the whole context: k = 0 is NONE with FULL's layer 0-1 K/V); with
+// kSelected only the top k do, and k = 0 leaves the cache as it was (== NONE).
 std::vector<int64_t> CacheBlendRecompute(const Model& model, KvCache* cache,
                                          const std::vector<int32_t>& slot_ids, int64_t begin,
-                                         int64_t end, int64_t k, Deviation deviation);
+                                         int64_t end, int64_t k, Deviation deviation,
+                                         Layer1Update update = Layer1Update::kAll);
+
+// INFOFLOW_BLEND's staleness signal at one layer's cost: runs layer 0 for
+// the cache slots `slots` (sorted; layer 0 K/V depend only on token and
+// position, so the cache is left as it was) and projects layer 1's K/V from
+// its output without running layer 1. Returns the per-slot deviation
+// sum((fresh - cached)^2) of layer-1 V (or K) as [|slots|] f64 on CPU —
+// the same numbers CacheBlendRecompute ranks by — and sets `*layer1_input`
+// to layer 0's output [|slots|, d] (exact when layer 0 was), from which
+// RecomputeTokens can start at layer 1. A one-layer model gets zeros.
+at::Tensor Layer1DeviationAtLayerZeroCost(const Model& model, KvCache* cache,
+                                          const std::vector<int32_t>& slot_ids,
+                                          const std::vector<int64_t>& slots, Deviation deviation,
+                                          at::Tensor* layer1_input);
 
 }  // namespace infoflow
 

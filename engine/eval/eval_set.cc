@@ -352,6 +352,39 @@ EvalExample MakeCoref(Rng& rng, int n, int words) {
   return ex;
 }
 
+// twohop: whole passages (chunks end at sentence ends, no fact is cut); the
+// answer needs a fact from two different chunks, and one decoy chain of the
+// same shape makes a one-hop copy right only by chance (1/2):
+//   chunk a: "<X> works at <S1> Labs."   chunk c != a: "The secret code of
+//   <S1> Labs is <n1>."  chunk b: "<Y> works at <S2> Labs."  chunk d != b:
+//   "The secret code of <S2> Labs is <n2>."
+//   Q: "What is the secret code of the company where <X> works?"  answer: n1
+EvalExample MakeTwohop(Rng& rng, int n, int words) {
+  // Four distinct surnames: two people, two companies.
+  std::vector<Person> p = People(rng, 4);
+  const std::string company[2] = {absl::StrCat(p[2].name.substr(p[2].name.find(' ') + 1), " Labs"),
+                                  absl::StrCat(p[3].name.substr(p[3].name.find(' ') + 1), " Labs")};
+  std::string code[2];
+  do {
+    code[0] = std::to_string(UniformInt(rng, 10000, 99999));
+    code[1] = std::to_string(UniformInt(rng, 10000, 99999));
+  } while (code[0] == code[1]);
+  std::vector<Fact> facts;
+  for (int i = 0; i < 2; ++i) {
+    const int works = UniformInt(rng, 0, n - 1);
+    int coded = UniformInt(rng, 0, n - 2);
+    if (coded >= works) ++coded;  // a different chunk
+    facts.push_back({works, Place::kAnywhere, absl::StrCat(p[i].name, " works at ", company[i], ".")});
+    facts.push_back({coded, Place::kAnywhere, NeedleFact(company[i], code[i])});
+  }
+  EvalExample ex;
+  ex.task = "twohop";
+  ex.chunks = BuildChunks(rng, n, words, facts);
+  ex.question = absl::StrCat("What is the secret code of the company where ", p[0].name, " works?");
+  ex.answers = {code[0]};
+  return ex;
+}
+
 std::vector<std::string> Words(const std::string& normalized) {
   return absl::StrSplit(normalized, ' ', absl::SkipEmpty());
 }
@@ -363,15 +396,29 @@ const std::vector<std::string>& EvalTaskNames() {
   return kNames;
 }
 
+const std::vector<std::string>& ExtraEvalTaskNames() {
+  static const std::vector<std::string> kNames = {"twohop"};
+  return kNames;
+}
+
+namespace {
+bool IsTaskName(const std::string& t) {
+  for (const auto* names : {&EvalTaskNames(), &ExtraEvalTaskNames()}) {
+    if (std::find(names->begin(), names->end(), t) != names->end()) return true;
+  }
+  return false;
+}
+}  // namespace
+
 absl::Status ValidateEvalSetOptions(const EvalSetOptions& options) {
   if (options.n_examples <= 0) return absl::InvalidArgumentError("n_examples must be > 0");
   if (options.n_chunks <= 0) return absl::InvalidArgumentError("n_chunks must be > 0");
   if (options.chunk_words <= 0) return absl::InvalidArgumentError("chunk_words must be > 0");
   for (const std::string& t : options.tasks) {
-    const auto& names = EvalTaskNames();
-    if (std::find(names.begin(), names.end(), t) == names.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown task '", t, "' (want ", absl::StrJoin(names, "|"), ")"));
+    if (!IsTaskName(t)) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown task '", t, "' (want ",
+                                                     absl::StrJoin(EvalTaskNames(), "|"), "|",
+                                                     absl::StrJoin(ExtraEvalTaskNames(), "|"), ")"));
     }
   }
   return absl::OkStatus();
@@ -380,8 +427,7 @@ absl::Status ValidateEvalSetOptions(const EvalSetOptions& options) {
 std::vector<EvalExample> GenerateEvalSet(const EvalSetOptions& options) {
   std::vector<std::string> tasks;
   for (const std::string& t : options.tasks.empty() ? EvalTaskNames() : options.tasks) {
-    const auto& names = EvalTaskNames();
-    if (std::find(names.begin(), names.end(), t) != names.end()) tasks.push_back(t);
+    if (IsTaskName(t)) tasks.push_back(t);
   }
   std::vector<EvalExample> out;
   if (tasks.empty()) return out;
@@ -400,6 +446,8 @@ std::vector<EvalExample> GenerateEvalSet(const EvalSetOptions& options) {
       out.push_back(MakeNeedle(rng, n, words, (depth_start + needles++) % n));
     } else if (task == "xref" || task == "split") {
       out.push_back(MakeXref(rng, n, words, task == "split"));
+    } else if (task == "twohop") {
+      out.push_back(MakeTwohop(rng, n, words));
     } else {
       out.push_back(MakeCoref(rng, n, words));
     }

@@ -26,6 +26,12 @@
 //             person in xref and split (no name, no distractor to rule
 //             out): only a KV of chunk c+1 that has seen chunk c does, so
 //             NONE is at chance and these tasks measure the NONE -> FULL gap.
+//   twohop    whole passages, no cut sentences (not in "all"): chunk a:
+//             "<X> works at <S> Labs."  chunk c != a: "The secret code of
+//             <S> Labs is <n>."  plus a decoy chain of the same shape for
+//             another person and company (a one-hop copy is right 1 in 2)
+//             Q: "What is the secret code of the company where <X> works?"
+//             answer: n
 // The rest of every chunk is seeded filler prose about other made-up people
 // and places; filler never uses the fact phrasings ("manager", "works in",
 // "secret code", "lives in"), the answer cities or the job titles.
@@ -60,8 +66,12 @@ struct EvalSetOptions {
   std::vector<std::string> tasks = {"multihop", "needle", "coref"};
 };
 
-// The known task names, in the order "all" expands to.
+// The task names "all" expands to, in that order (also what infoflow-train
+// evaluates on).
 const std::vector<std::string>& EvalTaskNames();
+// Tasks that exist but are not in "all" (added later; "all" sets stay
+// byte-stable): "twohop".
+const std::vector<std::string>& ExtraEvalTaskNames();
 
 // InvalidArgument for unknown task names or non-positive sizes.
 absl::Status ValidateEvalSetOptions(const EvalSetOptions& options);

@@ -230,6 +230,25 @@ at::Tensor Model::DecodeStep(const at::Tensor& tokens_in, const at::Tensor& posi
   return Logits(h);
 }
 
+std::pair<at::Tensor, at::Tensor> Model::LayerKv(
+    int layer, const at::Tensor& h, const std::pair<at::Tensor, at::Tensor>& rope) const {
+  const LayerWeights& w = weights_.layers[layer];
+  const int64_t n_q = h.size(0);
+  const int64_t n_heads = config_.num_attention_heads, n_kv = config_.num_key_value_heads;
+  const int64_t hd = config_.head_dim;
+  const double eps = config_.rms_norm_eps;
+  // Layer()'s K and V rows of the fused projection, and nothing else.
+  at::Tensor x = RmsNorm(h, w.attn_norm, eps);
+  at::Tensor weight = w.wqkv.narrow(0, n_heads * hd, 2 * n_kv * hd);
+  at::Tensor bias = w.bqkv.defined() ? w.bqkv.narrow(0, n_heads * hd, 2 * n_kv * hd) : at::Tensor();
+  std::vector<at::Tensor> kv = at::linear(x, weight, bias).split(n_kv * hd, 1);
+  at::Tensor k = kv[0].view({n_q, n_kv, hd});
+  at::Tensor v = kv[1].view({n_q, n_kv, hd});
+  if (w.k_norm.defined()) k = RmsNorm(k, w.k_norm, eps);
+  k = ApplyRope(k.transpose(0, 1), rope.first, rope.second);
+  return {k, v.transpose(0, 1)};
+}
+
 at::Tensor Model::Logits(const at::Tensor& hidden) const {
   return at::linear(RmsNorm(hidden, weights_.final_norm, config_.rms_norm_eps),
                     weights_.lm_head)

@@ -137,6 +137,11 @@ class Model {
   at::Tensor Layer(int layer, const at::Tensor& h, const at::Tensor& positions,
                    const std::pair<at::Tensor, at::Tensor>& rope, const at::Tensor& slots,
                    KvCache* cache, const LayerTrace& trace = {}) const;
+  // The K (RoPE applied) and V that Layer(layer, h, ...) would write, each
+  // [Hkv, q, hd], without touching a cache or attending: the projection
+  // only (INFOFLOW_BLEND measures layer-1 staleness with it).
+  std::pair<at::Tensor, at::Tensor> LayerKv(int layer, const at::Tensor& h,
+                                            const std::pair<at::Tensor, at::Tensor>& rope) const;
   at::Tensor Logits(const at::Tensor& hidden) const;  // final norm + LM head
 
   // One decode step for B independent requests (continuous batching): token

@@ -4,7 +4,8 @@
 // Per example: each chunk is tokenized and prefilled ONCE (prefix [BOS],
 // PrefixMode::kBos) and its KV is shared by every method — that cost is
 // ingest, not TTFT. Then, for FULL/NONE/EPIC once and for
-// INFOFLOW/INFOFLOW+reorder/CACHEBLEND/RANDOM at every r:
+// INFOFLOW/INFOFLOW+reorder/INFOFLOW_BLEND/CACHEBLEND/CACHEBLEND_PARTIAL/RANDOM
+// at every r (EPIC at every --lego-ks value):
 //   - KL(FULL || method) of the next-token distribution that predicts the
 //     first content token of FULL's answer: the prompt plus FULL's greedy
 //     tokens before it (leading whitespace tokens such as the " " after
@@ -19,13 +20,15 @@
 //     occurrence of an answer in the chunks that the method recomputed (the
 //     value tokens a copy must read; undefined when no answer occurs).
 // Metrics are averaged over examples; "ttft_ratio" is mean TTFT / mean FULL
-// TTFT.
+// TTFT, "ttft_ratio_median" the median over examples of the example's TTFT /
+// FULL's TTFT on the same example (what --pareto plots).
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -65,18 +68,34 @@ Usage:
                 [--out-csv F] [--out-json F [--record-selected]] [--out-plot F.svg]
                 [--plot-metric auto|em|f1|top1] [--prompt-template "...{question}..."]
                 [--kv-codec raw|int8|int4 [--kv-group-size 64]]
+                [--deviation v|k] [--lego-ks 4] [--stale-share 0.5]
+                [--pareto --out-csv F.csv [--out-plot F.svg]]
   infoflow-eval --write-eval-set FILE.jsonl --synthetic N [synthetic options]
 
 Synthetic options:
-  --task multihop|needle|coref|xref|split|all   (default all; comma lists allowed)
+  --task multihop|needle|coref|xref|split|twohop|all   (default all; comma lists
+                    allowed; "all" is the first five)
   --chunks C        chunks per example (4..16, default 6)
   --chunk-words W   approximate words per chunk (default 60)
   --seed S          generator seed; RANDOM uses S + example index (default 0)
 
-Methods (default all): FULL,NONE,INFOFLOW,INFOFLOW+reorder,CACHEBLEND,EPIC,RANDOM.
-FULL is always run (it is the reference). FULL, NONE and EPIC (lego_k=4) do not
-depend on r and run once; the others run at every r in --ratios
-(default 0.05,0.15,0.3).
+Methods (default all): FULL,NONE,INFOFLOW,INFOFLOW+reorder,INFOFLOW_BLEND,
+CACHEBLEND,CACHEBLEND_PARTIAL,EPIC,RANDOM (docs/DESIGN.md §3). FULL is always run
+(it is the reference). FULL and NONE do not depend on r and run once, EPIC once
+per --lego-ks value (default 4); the others run at every r in --ratios
+(default 0.05,0.15,0.3). --deviation picks the layer-1 state CACHEBLEND,
+CACHEBLEND_PARTIAL and INFOFLOW_BLEND compare (v, default, or k).
+--stale-share is INFOFLOW_BLEND's share of the budget given to the tokens with
+the largest layer-1 deviation (the rest goes by attention-norm relevance).
+
+--pareto: quality at equal cost. Defaults become --methods FULL,NONE,INFOFLOW,
+INFOFLOW_BLEND,CACHEBLEND,CACHEBLEND_PARTIAL,EPIC,RANDOM, --ratios
+0.01,0.03,0.05,0.1,0.15,0.2,0.3,0.45,0.6 and --lego-ks 1,2,4,8,16,32 (explicit
+flags win). --out-csv is required and gets one row per (method, r or lego_k):
+em, f1, kl, top1, recomputed, ttft_ms and ttft_ratio_median (median over
+examples of the method's TTFT / FULL's TTFT on the same example, same run).
+--out-plot F.svg writes a gnuplot script F.gp and runs gnuplot on it for
+F.svg and F.png: EM vs ttft_ratio_median, one curve per method.
 --record-selected adds to each --out-json example the token offset of every
 chunk ("chunk_offsets", input order) and, per method, the recomputed context
 token indices ("selected", input order, 0 = first chunk token).
@@ -106,8 +125,12 @@ struct Flags {
   int chunks = 6;
   int chunk_words = 60;
   uint64_t seed = 0;
-  std::string methods = "FULL,NONE,INFOFLOW,INFOFLOW+reorder,CACHEBLEND,EPIC,RANDOM";
-  std::string ratios = "0.05,0.15,0.3";
+  std::string methods;  // empty: the default list (--pareto has its own)
+  std::string ratios;   // empty: 0.05,0.15,0.3 (--pareto: kParetoRatios)
+  std::string lego_ks;  // empty: 4 (--pareto: 1,2,4,8,16,32)
+  std::string deviation = "v";
+  double stale_share = 0.5;
+  bool pareto = false;
   int max_new_tokens = 16;
   std::string scoring_layers;
   int threads = 0;
@@ -129,14 +152,16 @@ absl::Status ParseFlags(int argc, char** argv, Flags* f, bool* help) {
       {"--device", &f->device},           {"--out-csv", &f->out_csv},
       {"--out-json", &f->out_json},       {"--out-plot", &f->out_plot},
       {"--plot-metric", &f->plot_metric}, {"--prompt-template", &f->prompt_template},
-      {"--write-eval-set", &f->write_eval_set}, {"--kv-codec", &f->kv_codec}};
+      {"--write-eval-set", &f->write_eval_set}, {"--kv-codec", &f->kv_codec},
+      {"--lego-ks", &f->lego_ks},         {"--deviation", &f->deviation}};
   std::map<std::string, int*> ints = {{"--synthetic", &f->synthetic},
                                       {"--chunks", &f->chunks},
                                       {"--chunk-words", &f->chunk_words},
                                       {"--max-new-tokens", &f->max_new_tokens},
                                       {"--threads", &f->threads},
                                       {"--kv-group-size", &f->kv_group_size}};
-  std::map<std::string, bool*> switches = {{"--record-selected", &f->record_selected}};
+  std::map<std::string, bool*> switches = {{"--record-selected", &f->record_selected},
+                                           {"--pareto", &f->pareto}};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -154,7 +179,8 @@ absl::Status ParseFlags(int argc, char** argv, Flags* f, bool* help) {
       value = arg.substr(eq + 1);
       has_value = true;
     }
-    const bool known = strings.count(name) || ints.count(name) || name == "--seed";
+    const bool known =
+        strings.count(name) || ints.count(name) || name == "--seed" || name == "--stale-share";
     if (!known) return absl::InvalidArgumentError(absl::StrCat("unknown flag ", arg));
     if (!has_value) {
       if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(name, " needs a value"));
@@ -166,12 +192,18 @@ absl::Status ParseFlags(int argc, char** argv, Flags* f, bool* help) {
       if (!absl::SimpleAtoi(value, n->second)) {
         return absl::InvalidArgumentError(absl::StrCat(name, ": not an integer: ", value));
       }
+    } else if (name == "--stale-share") {
+      if (!absl::SimpleAtod(value, &f->stale_share)) {
+        return absl::InvalidArgumentError(absl::StrCat("--stale-share: not a number: ", value));
+      }
     } else if (!absl::SimpleAtoi(value, &f->seed)) {
       return absl::InvalidArgumentError(absl::StrCat("--seed: not an integer: ", value));
     }
   }
   return absl::OkStatus();
 }
+
+constexpr char kParetoRatios[] = "0.01,0.03,0.05,0.1,0.15,0.2,0.3,0.45,0.6";
 
 struct MethodSpec {
   std::string label;
@@ -199,9 +231,7 @@ absl::StatusOr<std::vector<MethodSpec>> ParseMethods(const std::string& list) {
       return absl::InvalidArgumentError("+reorder applies to INFOFLOW only");
     }
     spec.label = absl::StrCat(MethodName(spec.options.method), spec.options.reorder ? "+reorder" : "");
-    spec.uses_ratio = spec.options.method == Method::kInfoFlow ||
-                      spec.options.method == Method::kCacheBlend ||
-                      spec.options.method == Method::kRandom;
+    spec.uses_ratio = MethodUsesRatio(spec.options.method);
     spec.options.lego_k = 4;
     if (spec.options.method == Method::kFull) {
       if (have_full) continue;
@@ -254,7 +284,19 @@ struct Cell {
   double em = 0, f1 = 0, kl = 0, top1 = 0, recomputed = 0, context = 0, ttft_ms = 0;
   double answer_recall = 0;
   int n_answer = 0;  // examples with an answer span (answer_recall's count)
+  int lego_k = -1;   // EPIC's; -1 for the other methods
+  bool lego_k_in_key = false;  // several EPIC cells: their labels carry k
+  std::vector<double> ttft_ratios;  // per example: TTFT / FULL's TTFT
   double Mean(double sum) const { return n ? sum / n : NAN; }
+  double MedianTtftRatio() const {
+    if (ttft_ratios.empty()) return NAN;
+    std::vector<double> v = ttft_ratios;
+    std::sort(v.begin(), v.end());
+    const size_t h = v.size() / 2;
+    return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+  }
+  // "INFOFLOW@0.15", "EPIC@k=8", "NONE": the per-example JSON key.
+  std::string Key() const;
   double AnswerRecall() const { return n_answer ? answer_recall / n_answer : NAN; }
 };
 
@@ -344,6 +386,18 @@ std::string Escape(const std::string& s) {
 }
 
 std::string RatioText(double r) { return std::isnan(r) ? "-" : absl::StrFormat("%.2f", r); }
+
+std::string Cell::Key() const {
+  if (!std::isnan(ratio)) return absl::StrCat(label, "@", RatioText(ratio));
+  if (lego_k_in_key) return absl::StrCat(label, "@k=", lego_k);
+  return label;
+}
+
+// The r (or EPIC's k=N) column of the table.
+std::string ParamText(const Cell& c) {
+  if (c.lego_k_in_key) return absl::StrCat("k=", c.lego_k);
+  return RatioText(c.ratio);
+}
 
 // Quality vs r: one polyline per r-dependent method, a dashed level line for
 // each r-independent one.
@@ -436,6 +490,56 @@ absl::Status WriteFile(const std::string& path, const std::string& text) {
   return absl::OkStatus();
 }
 
+// Quality at equal cost: EM against the median TTFT / FULL, one curve per
+// method (points in TTFT order), FULL and NONE as single points. Writes the
+// gnuplot script `svg_path` with ".gp" for ".svg" and runs gnuplot on it for
+// the SVG and a PNG next to it.
+absl::Status WriteParetoPlot(const std::vector<Cell>& cells, const std::string& svg_path,
+                             const std::string& title) {
+  std::string base = svg_path;
+  if (base.size() > 4 && base.substr(base.size() - 4) == ".svg") base.resize(base.size() - 4);
+  std::vector<std::string> labels;
+  for (const Cell& c : cells) {
+    if (std::find(labels.begin(), labels.end(), c.label) == labels.end()) labels.push_back(c.label);
+  }
+  auto quoted = [](const std::string& s) { return absl::StrCat("\"", absl::StrReplaceAll(s, {{"\"", "'"}}), "\""); };
+  std::string data, plot;
+  for (size_t i = 0; i < labels.size(); ++i) {
+    std::vector<const Cell*> pts;
+    for (const Cell& c : cells) {
+      if (c.label == labels[i] && c.n > 0) pts.push_back(&c);
+    }
+    std::sort(pts.begin(), pts.end(), [](const Cell* a, const Cell* b) {
+      return a->MedianTtftRatio() < b->MedianTtftRatio();
+    });
+    absl::StrAppend(&data, "$D", i, " << EOD\n");
+    for (const Cell* c : pts) {
+      absl::StrAppend(&data, absl::StrFormat("%.5f %.5f\n", c->MedianTtftRatio(), c->Mean(c->em)));
+    }
+    absl::StrAppend(&data, "EOD\n");
+    static const char* kColors[] = {"#000000", "#999999", "#1f77b4", "#d62728", "#2ca02c",
+                                    "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"};
+    absl::StrAppend(&plot, i ? ", \\\n  " : "plot ", "$D", i,
+                    " using 1:2 with linespoints lw 2 pt ", 5 + (i % 8), " ps 0.9 lc rgb \"",
+                    kColors[i % 10], "\" title ", quoted(labels[i]));
+  }
+  std::string script = absl::StrCat(
+      data, "set title ", quoted(title), "\nset xlabel \"TTFT / FULL (median over examples)\"\n",
+      "set ylabel \"exact match\"\nset xrange [0:1.05]\nset yrange [0:1.02]\nset grid\n",
+      "set key outside right top\n",
+      "set terminal svg size 760,420 noenhanced font \"sans,11\" background rgb \"white\"\n"
+      "set output ",
+      quoted(base + ".svg"), "\n", plot, "\n",
+      "set terminal pngcairo size 760,420 noenhanced font \"sans,9\"\nset output ", quoted(base + ".png"), "\n",
+      "replot\n");
+  if (absl::Status s = WriteFile(base + ".gp", script); !s.ok()) return s;
+  const std::string cmd = absl::StrCat("gnuplot ", quoted(base + ".gp"));
+  if (int rc = std::system(cmd.c_str()); rc != 0) {
+    return absl::InternalError(absl::StrCat("`", cmd, "` failed (", rc, "); is gnuplot installed?"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<EvalExample>> GetExamples(const Flags& f) {
   if (!f.eval_set.empty()) {
     if (f.synthetic > 0) return absl::InvalidArgumentError("give --eval-set or --synthetic, not both");
@@ -467,10 +571,31 @@ absl::Status Run(const Flags& f) {
     return absl::OkStatus();
   }
   if (f.model_dir.empty()) return absl::InvalidArgumentError("--model DIR is required");
-  absl::StatusOr<std::vector<MethodSpec>> specs = ParseMethods(f.methods);
+  const std::string method_list =
+      !f.methods.empty() ? f.methods
+      : f.pareto ? "FULL,NONE,INFOFLOW,INFOFLOW_BLEND,CACHEBLEND,CACHEBLEND_PARTIAL,EPIC,RANDOM"
+                 : "FULL,NONE,INFOFLOW,INFOFLOW+reorder,INFOFLOW_BLEND,CACHEBLEND,"
+                   "CACHEBLEND_PARTIAL,EPIC,RANDOM";
+  absl::StatusOr<std::vector<MethodSpec>> specs = ParseMethods(method_list);
   if (!specs.ok()) return specs.status();
-  absl::StatusOr<std::vector<double>> ratios = ParseRatios(f.ratios, "--ratios");
+  absl::StatusOr<std::vector<double>> ratios = ParseRatios(
+      !f.ratios.empty() ? f.ratios : f.pareto ? kParetoRatios : "0.05,0.15,0.3", "--ratios");
   if (!ratios.ok()) return ratios.status();
+  absl::StatusOr<std::vector<int>> lego_ks =
+      ParseInts(!f.lego_ks.empty() ? f.lego_ks : f.pareto ? "1,2,4,8,16,32" : "4", "--lego-ks");
+  if (!lego_ks.ok()) return lego_ks.status();
+  if (lego_ks->empty()) return absl::InvalidArgumentError("--lego-ks is empty");
+  for (int k : *lego_ks) {
+    if (k < 0) return absl::InvalidArgumentError("--lego-ks: values must be >= 0");
+  }
+  Deviation deviation;
+  if (!ParseDeviation(f.deviation, &deviation)) {
+    return absl::InvalidArgumentError(absl::StrCat("--deviation must be v or k, got ", f.deviation));
+  }
+  if (!(f.stale_share >= 0 && f.stale_share <= 1)) {
+    return absl::InvalidArgumentError("--stale-share must be in [0, 1]");
+  }
+  if (f.pareto && f.out_csv.empty()) return absl::InvalidArgumentError("--pareto needs --out-csv");
   absl::StatusOr<std::vector<int>> layers = ParseInts(f.scoring_layers, "--scoring-layers");
   if (!layers.ok()) return layers.status();
   if (f.max_new_tokens <= 0) return absl::InvalidArgumentError("--max-new-tokens must be > 0");
@@ -509,17 +634,23 @@ absl::Status Run(const Flags& f) {
   for (int64_t id : StopTokenIds(m.config())) decode.stop_ids.push_back(static_cast<int32_t>(id));
   const int agree_positions = std::min(16, f.max_new_tokens);
 
-  // Cells in output order: each method at its ratios.
+  // Cells in output order: each method at its ratios (EPIC at its lego_ks).
   std::vector<Cell> cells;
-  std::vector<std::pair<const MethodSpec*, double>> runs;  // parallel to cells
+  std::vector<const MethodSpec*> runs;  // parallel to cells
   for (const MethodSpec& s : *specs) {
+    const bool epic = s.options.method == Method::kEpic;
     std::vector<double> rs = s.uses_ratio ? *ratios : std::vector<double>{NAN};
+    std::vector<int> ks = epic ? *lego_ks : std::vector<int>{-1};
     for (double r : rs) {
-      Cell c;
-      c.label = s.label;
-      c.ratio = r;
-      cells.push_back(c);
-      runs.emplace_back(&s, r);
+      for (int lk : ks) {
+        Cell c;
+        c.label = s.label;
+        c.ratio = r;
+        c.lego_k = lk;
+        c.lego_k_in_key = epic && lego_ks->size() > 1;
+        cells.push_back(c);
+        runs.push_back(&s);
+      }
     }
   }
 
@@ -580,9 +711,13 @@ absl::Status Run(const Flags& f) {
     nlohmann::ordered_json recalls = nlohmann::ordered_json::object();
     nlohmann::ordered_json selected = nlohmann::ordered_json::object();
     for (size_t k = 0; k < runs.size(); ++k) {
-      const MethodSpec& spec = *runs[k].first;
+      const MethodSpec& spec = *runs[k];
+      Cell& c = cells[k];
       MethodOptions options = spec.options;
-      if (spec.uses_ratio) options.ratio = runs[k].second;
+      if (spec.uses_ratio) options.ratio = c.ratio;
+      if (c.lego_k >= 0) options.lego_k = c.lego_k;
+      options.deviation = deviation;
+      options.stale_share = f.stale_share;
       options.scoring_layers = *layers;
       options.seed = f.seed + e;
       absl::StatusOr<QueryResult> q = RunQuery(m, &tokenizer, input, options, decode, nullptr);
@@ -600,8 +735,8 @@ absl::Status Run(const Flags& f) {
         context_tokens = q->plan.context_tokens;
       }
       const double kl = (full_lp.exp() * (full_lp - *lp)).sum().item<double>();
-      Cell& c = cells[k];
       c.n += 1;
+      c.ttft_ratios.push_back(full_ttft > 0 ? q->ttft_ms / full_ttft : NAN);
       c.em += ExactMatch(q->decode.text, ex.answers);
       c.f1 += TokenF1(q->decode.text, ex.answers);
       c.kl += std::max(0.0, kl);
@@ -609,8 +744,7 @@ absl::Status Run(const Flags& f) {
       c.recomputed += static_cast<double>(q->plan.selected.size());
       c.context += static_cast<double>(q->plan.context_tokens);
       c.ttft_ms += q->ttft_ms;
-      const std::string key =
-          spec.uses_ratio ? absl::StrCat(spec.label, "@", RatioText(runs[k].second)) : spec.label;
+      const std::string key = c.Key();
       gens[key] = q->decode.text;
       const std::vector<int64_t> in_input =
           SelectedInInputOrder(q->plan, input.chunks, chunk_offsets);
@@ -650,26 +784,30 @@ absl::Status Run(const Flags& f) {
     if (c.label == "FULL") full_mean_ttft = c.Mean(c.ttft_ms);
   }
   // Table.
-  std::printf("%-18s %5s %4s %6s %6s %9s %6s %10s %6s %8s %9s %7s\n", "method", "r", "n", "EM",
-              "F1", "KL", "top1", "recomputed", "ans_rc", "ctx_tok", "TTFT_ms", "xFULL");
+  std::printf("%-18s %5s %4s %6s %6s %9s %6s %10s %6s %8s %9s %7s %7s\n", "method", "r", "n",
+              "EM", "F1", "KL", "top1", "recomputed", "ans_rc", "ctx_tok", "TTFT_ms", "xFULL",
+              "medxF");
   for (const Cell& c : cells) {
-    std::printf("%-18s %5s %4d %6.3f %6.3f %9.5f %6.3f %10.1f %6.3f %8.1f %9.2f %7.3f\n",
-                c.label.c_str(), RatioText(c.ratio).c_str(), c.n, c.Mean(c.em), c.Mean(c.f1),
+    std::printf("%-18s %5s %4d %6.3f %6.3f %9.5f %6.3f %10.1f %6.3f %8.1f %9.2f %7.3f %7.3f\n",
+                c.label.c_str(), ParamText(c).c_str(), c.n, c.Mean(c.em), c.Mean(c.f1),
                 c.Mean(c.kl), c.Mean(c.top1), c.Mean(c.recomputed), c.AnswerRecall(),
-                c.Mean(c.context), c.Mean(c.ttft_ms), c.Mean(c.ttft_ms) / full_mean_ttft);
+                c.Mean(c.context), c.Mean(c.ttft_ms), c.Mean(c.ttft_ms) / full_mean_ttft,
+                c.MedianTtftRatio());
   }
   std::fflush(stdout);
 
   if (!f.out_csv.empty()) {
     std::string csv =
-        "method,ratio,n,em,f1,kl,top1,recomputed,context_tokens,ttft_ms,ttft_ratio,answer_recall\n";
+        "method,ratio,n,em,f1,kl,top1,recomputed,context_tokens,ttft_ms,ttft_ratio,answer_recall,"
+        "lego_k,ttft_ratio_median\n";
     for (const Cell& c : cells) {
       absl::StrAppend(
           &csv, c.label, ",", std::isnan(c.ratio) ? "" : absl::StrFormat("%g", c.ratio),
           absl::StrFormat(",%d,%.6f,%.6f,%.8f,%.6f,%.3f,%.3f,%.4f,%.6f,", c.n, c.Mean(c.em),
                           c.Mean(c.f1), c.Mean(c.kl), c.Mean(c.top1), c.Mean(c.recomputed),
                           c.Mean(c.context), c.Mean(c.ttft_ms), c.Mean(c.ttft_ms) / full_mean_ttft),
-          c.n_answer ? absl::StrFormat("%.6f", c.AnswerRecall()) : "", "\n");
+          c.n_answer ? absl::StrFormat("%.6f", c.AnswerRecall()) : "", ",",
+          c.lego_k >= 0 ? absl::StrCat(c.lego_k) : "", absl::StrFormat(",%.6f\n", c.MedianTtftRatio()));
     }
     if (absl::Status s = WriteFile(f.out_csv, csv); !s.ok()) return s;
   }
@@ -697,6 +835,8 @@ absl::Status Run(const Flags& f) {
       row["context_tokens"] = c.Mean(c.context);
       row["ttft_ms"] = c.Mean(c.ttft_ms);
       row["ttft_ratio"] = c.Mean(c.ttft_ms) / full_mean_ttft;
+      row["ttft_ratio_median"] = c.MedianTtftRatio();
+      if (c.lego_k >= 0) row["lego_k"] = c.lego_k;
       row["answer_recall"] =
           c.n_answer ? nlohmann::ordered_json(c.AnswerRecall()) : nlohmann::ordered_json(nullptr);
       rows.push_back(row);
@@ -705,6 +845,13 @@ absl::Status Run(const Flags& f) {
     j["per_example"] = per_example;
     std::string text = j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
     if (absl::Status s = WriteFile(f.out_json, text + "\n"); !s.ok()) return s;
+  }
+  if (!f.out_plot.empty() && f.pareto) {
+    const std::string title =
+        f.eval_set.empty() ? absl::StrCat(f.task, " seed ", f.seed, ", ", f.chunks, " chunks x ",
+                                          f.chunk_words, " words, ", n_examples, " examples")
+                           : f.eval_set;
+    return WriteParetoPlot(cells, f.out_plot, title);
   }
   if (!f.out_plot.empty()) {
     std::string metric = f.plot_metric;

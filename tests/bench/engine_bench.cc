@@ -171,14 +171,16 @@ int Main(int argc, char** argv) {
   add("NONE", Method::kNone);
   add("INFOFLOW r=0.15", Method::kInfoFlow);
   add("INFOFLOW+reorder", Method::kInfoFlow, true);
+  add("INFOFLOW_BLEND r=0.15", Method::kInfoFlowBlend);
   add("CACHEBLEND r=0.15", Method::kCacheBlend);
+  add("CACHEBLEND_PARTIAL r=0.15", Method::kCacheBlendPartial);
   add("EPIC k=4", Method::kEpic);
   add("RANDOM r=0.15", Method::kRandom);
   DecodeOptions one;
   one.max_new_tokens = 1;
   std::printf("\n%lld context tokens in %d chunks, question %zu tokens (median of %d)\n",
               (long long)context, chunks, in.question_ids.size(), reps);
-  std::printf("%-18s %9s %9s %8s %8s %10s %8s %10s %9s\n", "method", "TTFT ms", "vs FULL",
+  std::printf("%-26s %9s %9s %8s %8s %10s %8s %10s %9s\n", "method", "TTFT ms", "vs FULL",
               "repos", "score", "recompute", "prompt", "recomputed", "rc/FULL");
   double full_ttft = 0, full_build = 0;
   for (const Row& r : rows) {
@@ -190,7 +192,7 @@ int Main(int argc, char** argv) {
     if (results.empty()) return 1;
     const StageTimings& t = results.back().plan.timings;
     if (r.o.method == Method::kFull) full_ttft = ttft, full_build = t.recompute_ms;
-    std::printf("%-18s %9.1f %9.3f %8.1f %8.1f %10.1f %8.1f %10zu %9.3f\n", r.name, ttft,
+    std::printf("%-26s %9.1f %9.3f %8.1f %8.1f %10.1f %8.1f %10zu %9.3f\n", r.name, ttft,
                 ttft / full_ttft, t.reposition_ms, t.score_ms, t.recompute_ms, t.prompt_ms,
                 results.back().plan.selected.size(), t.recompute_ms / full_build);
   }

@@ -449,7 +449,10 @@ int Main(int argc, char** argv) {
       {"NONE", v1::METHOD_NONE, false, Method::kNone},
       {"INFOFLOW r=0.15", v1::METHOD_INFOFLOW, false, Method::kInfoFlow},
       {"INFOFLOW+reorder", v1::METHOD_INFOFLOW, true, Method::kInfoFlow},
+      {"INFOFLOW_BLEND r=0.15", v1::METHOD_INFOFLOW_BLEND, false, Method::kInfoFlowBlend},
       {"CACHEBLEND r=0.15", v1::METHOD_CACHEBLEND, false, Method::kCacheBlend},
+      {"CACHEBLEND_PARTIAL r=0.15", v1::METHOD_CACHEBLEND_PARTIAL, false,
+       Method::kCacheBlendPartial},
       {"EPIC k=4", v1::METHOD_EPIC, false, Method::kEpic},
   };
   const std::string question = "Which village is north of the copper bridge?";
@@ -481,7 +484,7 @@ int Main(int argc, char** argv) {
     const std::vector<std::shared_ptr<const ChunkKv>> kv_in = kvs_for(context);
     std::printf("\ncontext %lld (target) in %zu chunks, median of %d (+1 warm-up), max_new_tokens 1\n",
                 static_cast<long long>(context), k.size(), reps);
-    std::printf("%-18s %7s %9s %8s %9s | %7s %7s %7s %7s %7s %9s %7s %7s | %6s | %8s %8s\n",
+    std::printf("%-26s %7s %9s %8s %9s | %7s %7s %7s %7s %7s %9s %7s %7s | %6s | %8s %8s\n",
                 "method", "ctx", "TTFT ms", "vs FULL", "client", "fetch", "repos", "score",
                 "select", "reordr", "recompute", "prompt", "1st tok", "recomp", "in-proc",
                 "overhead");
@@ -526,14 +529,14 @@ int Main(int argc, char** argv) {
       // event received; includes the store fetch, tokenizing, gRPC) over the
       // in-process engine's TTFT on the same chunk KVs.
       const double overhead = Median(client_ms) / Median(inproc) - 1.0;
-      std::printf("%-18s %7lld %9.1f %8.3f %9.1f | %7.1f %7.1f %7.1f %7.1f %7.1f %9.1f %7.1f %7.1f | %6lld | %8.1f %7.1f%%\n",
+      std::printf("%-26s %7lld %9.1f %8.3f %9.1f | %7.1f %7.1f %7.1f %7.1f %7.1f %9.1f %7.1f %7.1f | %6lld | %8.1f %7.1f%%\n",
                   m.name.c_str(), static_cast<long long>(ctx_tokens), med, med / full,
                   Median(client_ms), Median(stages[0]), Median(stages[1]), Median(stages[2]),
                   Median(stages[3]), Median(stages[4]), Median(stages[5]), Median(stages[6]),
                   Median(stages[7]), static_cast<long long>(recomputed), Median(inproc),
                   100.0 * overhead);
       if (m.method == v1::METHOD_INFOFLOW && !m.reorder) {
-        std::printf("%-18s scoring pass = %.1f%% of TTFT\n", "", 100.0 * Median(stages[2]) / med);
+        std::printf("%-26s scoring pass = %.1f%% of TTFT\n", "", 100.0 * Median(stages[2]) / med);
       }
       sum_csv << context << "," << ctx_tokens << "," << m.name << "," << reps << "," << med << ","
               << med / full << "," << Median(client_ms);

@@ -217,6 +217,53 @@ TEST(EvalSetTest, BadLinesNameTheLine) {
 TEST(EvalSetTest, ValidateRejectsUnknownTask) {
   EXPECT_FALSE(ValidateEvalSetOptions(Opts(1, 0, {"bogus"})).ok());
   EXPECT_TRUE(ValidateEvalSetOptions(Opts(1, 0, {"needle"})).ok());
+  EXPECT_TRUE(ValidateEvalSetOptions(Opts(1, 0, {"twohop"})).ok());
+}
+
+// twohop: whole-sentence passages; the asked person's company and that
+// company's code sit in two different chunks, and a decoy chain of the same
+// shape exists, so no single chunk answers the question.
+TEST(EvalSetTest, TwohopNeedsTwoChunksAndHasADecoyChain) {
+  auto set = GenerateEvalSet(Opts(12, 21, {"twohop"}));
+  ASSERT_EQ(set.size(), 12u);
+  for (const EvalExample& ex : set) {
+    EXPECT_EQ(ex.task, "twohop");
+    const std::string prefix = "What is the secret code of the company where ";
+    ASSERT_EQ(ex.question.rfind(prefix, 0), 0u) << ex.question;
+    const std::string person = ex.question.substr(prefix.size(), ex.question.size() - prefix.size() - 7);
+    int a = ChunkWith(ex, person + " works at ");
+    ASSERT_GE(a, 0) << person;
+    size_t at = ex.chunks[a].find(person + " works at ") + person.size() + 10;
+    const std::string company = ex.chunks[a].substr(at, ex.chunks[a].find('.', at) - at);
+    ASSERT_NE(company.find(" Labs"), std::string::npos) << company;
+    int c = ChunkWith(ex, "The secret code of " + company + " is " + ex.answers[0] + ".");
+    ASSERT_GE(c, 0) << company;
+    EXPECT_NE(a, c) << "the two hops must be in different chunks";
+    EXPECT_EQ(ex.chunks[a].find(ex.answers[0]), std::string::npos) << "hop 1 must not hold the code";
+    // Exactly two "works at" and two secret codes: the asked chain and a decoy.
+    int works = 0, codes = 0;
+    for (const std::string& ch : ex.chunks) {
+      for (size_t p = ch.find(" works at "); p != std::string::npos; p = ch.find(" works at ", p + 1)) ++works;
+      for (size_t p = ch.find("The secret code of "); p != std::string::npos;
+           p = ch.find("The secret code of ", p + 1)) {
+        ++codes;
+      }
+      // Whole passages: every chunk ends a sentence.
+      EXPECT_EQ(ch.back(), '.');
+    }
+    EXPECT_EQ(works, 2);
+    EXPECT_EQ(codes, 2);
+  }
+  // Byte-stable by seed (the card's twohop numbers depend on it): same
+  // options, same bytes; and the first example of seed 0 is pinned.
+  auto again = GenerateEvalSet(Opts(12, 21, {"twohop"}));
+  for (size_t i = 0; i < set.size(); ++i) EXPECT_EQ(EvalExampleToJson(set[i]), EvalExampleToJson(again[i]));
+  auto seed0 = GenerateEvalSet(Opts(1, 0, {"twohop"}));
+  ASSERT_EQ(seed0.size(), 1u);
+  EXPECT_EQ(seed0[0].question, "What is the secret code of the company where Olga Lindqvist works?");
+  EXPECT_EQ(seed0[0].answers, std::vector<std::string>{"65915"});
+  // "all" still means the first five tasks (existing sets keep their bytes).
+  for (const EvalExample& ex : GenerateEvalSet(Opts(12, 3, {}))) EXPECT_NE(ex.task, "twohop");
 }
 
 TEST(EvalSetTest, AnswerScoring) {

@@ -83,11 +83,15 @@ class InfoFlowTest : public ::testing::TestWithParam<std::string> {
 TEST_P(InfoFlowTest, RatioOneEqualsFullForEveryMethod) {
   QueryInput in = MakeInput({17, 23, 9, 30}, 1);
   at::Tensor ref = FullLogits(in);
-  for (Method m : {Method::kInfoFlow, Method::kCacheBlend, Method::kRandom}) {
-    MethodOptions o;
-    o.method = m;
-    o.ratio = 1.0;
-    EXPECT_LE(MaxAbsDiff(PromptLogits(in, o), ref), 1e-4) << MethodName(m);
+  for (Method m : {Method::kInfoFlow, Method::kCacheBlend, Method::kRandom,
+                   Method::kCacheBlendPartial, Method::kInfoFlowBlend}) {
+    for (Deviation d : {Deviation::kV, Deviation::kK}) {
+      MethodOptions o;
+      o.method = m;
+      o.ratio = 1.0;
+      o.deviation = d;
+      EXPECT_LE(MaxAbsDiff(PromptLogits(in, o), ref), 1e-4) << MethodName(m) << " " << DeviationName(d);
+    }
   }
   MethodOptions epic;
   epic.method = Method::kEpic;
@@ -100,7 +104,11 @@ TEST_P(InfoFlowTest, RatioZeroEqualsNoneAndNoneDiffersFromFull) {
   MethodOptions none;
   none.method = Method::kNone;
   at::Tensor base = PromptLogits(in, none);
-  for (Method m : {Method::kInfoFlow, Method::kCacheBlend, Method::kRandom}) {
+  // CACHEBLEND (the original) is not here: it keeps fresh layer 0-1 K/V for
+  // every token, see CacheBlendAtRatioZeroIsNoneWithFullLayersZeroAndOne.
+  // What this test pinned for it before the split is now CACHEBLEND_PARTIAL.
+  for (Method m : {Method::kInfoFlow, Method::kCacheBlendPartial, Method::kRandom,
+                   Method::kInfoFlowBlend}) {
     MethodOptions o;
     o.method = m;
     o.ratio = 0.0;
@@ -126,6 +134,101 @@ TEST_P(InfoFlowTest, SingleChunkNoneEqualsFull) {
   ASSERT_TRUE(kv.ok());
   bare.chunks = {std::make_shared<ChunkKv>(*std::move(kv))};
   EXPECT_LE(MaxAbsDiff(PromptLogits(bare, none), FullLogits(bare)), 1e-4);
+}
+
+// The original CacheBlend at r = 0 recomputes nothing from layer 2 on but
+// keeps the fresh layer 0-1 K/V of every token, which are FULL's (layer 0
+// depends only on token and position, so layer 1's input is exact): it is
+// NONE with FULL's layer 0 and 1 K/V, and not NONE.
+TEST_P(InfoFlowTest, CacheBlendAtRatioZeroIsNoneWithFullLayersZeroAndOne) {
+  if (model_->n_layers() < 3) GTEST_SKIP() << "needs layers past 1";
+  QueryInput in = MakeInput({15, 20, 12}, 2);
+  MethodOptions full, none;
+  full.method = Method::kFull;
+  none.method = Method::kNone;
+  absl::StatusOr<BlendedContext> f = BuildContext(*model_, in, full);
+  absl::StatusOr<BlendedContext> n = BuildContext(*model_, in, none);
+  ASSERT_TRUE(f.ok() && n.ok());
+  for (int l = 0; l < 2; ++l) n->cache.WriteRange(l, 0, f->cache.keys(l), f->cache.values(l));
+  ForwardOptions all;
+  all.logits = ForwardOptions::Logits::kAll;
+  at::Tensor expected = PrefillTokens(*model_, in.prompt_ids, n->next_position, &n->cache, all).logits;
+  for (Deviation d : {Deviation::kV, Deviation::kK}) {
+    MethodOptions cb;
+    cb.method = Method::kCacheBlend;
+    cb.ratio = 0.0;
+    cb.deviation = d;
+    RecomputePlan plan;
+    at::Tensor got = PromptLogits(in, cb, &plan);
+    EXPECT_TRUE(plan.selected.empty());
+    EXPECT_LE(MaxAbsDiff(got, expected), 1e-4) << DeviationName(d);
+    EXPECT_GT(MaxAbsDiff(got, PromptLogits(in, none)), 1e-3) << "r = 0 CACHEBLEND must not be NONE";
+  }
+  // The partial variant at r = 0 is NONE (RatioZeroEqualsNone...); at the
+  // same r > 0 both select the same tokens (same deviation) but differ in
+  // the unselected tokens' layer-1 K/V.
+  MethodOptions a, b;
+  a.method = Method::kCacheBlend;
+  b.method = Method::kCacheBlendPartial;
+  a.ratio = b.ratio = 0.2;
+  RecomputePlan pa, pb;
+  at::Tensor la = PromptLogits(in, a, &pa), lb = PromptLogits(in, b, &pb);
+  EXPECT_EQ(pa.selected, pb.selected);
+  EXPECT_FALSE(pa.selected.empty());
+  EXPECT_GT(MaxAbsDiff(la, lb), 1e-5);
+}
+
+// INFOFLOW_BLEND's staleness signal is CACHEBLEND's layer-1 deviation at
+// one layer's cost: with stale_share 1 it selects exactly what
+// CACHEBLEND_PARTIAL does (the first chunk is exact: deviation 0, never
+// picked by either here); with 0 it is relevance only. Its knobs are checked.
+TEST_P(InfoFlowTest, InfoFlowBlendRanksByCacheBlendsDeviationAtLayerZeroCost) {
+  if (model_->n_layers() < 2) GTEST_SKIP() << "needs layer 1";
+  QueryInput in = MakeInput({20, 24, 18, 22}, 7);
+  for (Deviation d : {Deviation::kV, Deviation::kK}) {
+    MethodOptions blend, cb;
+    blend.method = Method::kInfoFlowBlend;
+    blend.stale_share = 1.0;
+    cb.method = Method::kCacheBlendPartial;
+    blend.ratio = cb.ratio = 0.15;
+    blend.deviation = cb.deviation = d;
+    RecomputePlan pb, pc;
+    PromptLogits(in, blend, &pb);
+    PromptLogits(in, cb, &pc);
+    EXPECT_EQ(pb.selected, pc.selected) << DeviationName(d);
+    EXPECT_EQ(pb.selected.size(), 12u);
+  }
+  // Half the budget by deviation, half by relevance: it differs from both.
+  MethodOptions half;
+  half.method = Method::kInfoFlowBlend;
+  half.ratio = 0.25;
+  RecomputePlan ph;
+  PromptLogits(in, half, &ph);
+  EXPECT_EQ(ph.selected.size(), 21u);
+  for (int64_t t : ph.selected) EXPECT_GE(t, 20) << "first chunk is exact, not eligible";
+  // Layer 0's output is exact, so starting the recompute at layer 1 loses
+  // nothing: r = 1 is FULL (RatioOneEqualsFull...), and bad knobs fail.
+  half.stale_share = 1.5;
+  EXPECT_FALSE(BuildContext(*model_, in, half).ok());
+  half.stale_share = -0.1;
+  EXPECT_FALSE(BuildContext(*model_, in, half).ok());
+}
+
+// Model::LayerKv is the projection Layer() writes to the cache.
+TEST_P(InfoFlowTest, LayerKvMatchesWhatLayerWrites) {
+  QueryInput in = MakeInput({12}, 8);
+  KvCache cache(model_->n_layers());
+  ForwardResult r = PrefillTokens(*model_, in.chunks[0]->token_ids, 0, &cache);
+  (void)r;
+  at::Tensor positions = cache.positions();
+  auto rope = model_->RopeTables(positions);
+  at::Tensor ids = at::tensor(std::vector<int64_t>(in.chunks[0]->token_ids.begin(),
+                                                   in.chunks[0]->token_ids.end()),
+                              at::TensorOptions().dtype(at::kLong));
+  at::Tensor h = model_->Embed(ids.to(model_->device()));
+  auto [k, v] = model_->LayerKv(0, h, rope);
+  EXPECT_LE(MaxAbsDiff(k, cache.keys(0)), 1e-5);
+  EXPECT_LE(MaxAbsDiff(v, cache.values(0)), 1e-5);
 }
 
 // Deviation from FULL shrinks as r grows: the ends strictly, the middle on

@@ -145,7 +145,8 @@ TEST(KvQuant, RatioOneEqualsFullWithQuantizedRecords) {
     MethodOptions full;
     full.method = Method::kFull;
     const at::Tensor ref = logits(full);
-    for (Method m : {Method::kInfoFlow, Method::kCacheBlend, Method::kRandom}) {
+    for (Method m : {Method::kInfoFlow, Method::kCacheBlend, Method::kRandom,
+                     Method::kCacheBlendPartial, Method::kInfoFlowBlend}) {
       MethodOptions o;
       o.method = m;
       o.ratio = 1.0;

@@ -9,7 +9,10 @@ gap the model card reports).
     shipped_model_test.py INFOFLOW_EVAL MODEL_DIR WORK_DIR
 
 eval_check.json: {"checks": [{"name": ..., "args": [infoflow-eval flags],
-                              "em": {"FULL": 0.95, "NONE": 0.1}}, ...]}
+                              "em": {"FULL": 0.95, "NONE": 0.1,
+                                     "INFOFLOW_BLEND@0.15": 0.9}}, ...]}
+A key "METHOD@R" pins METHOD at recompute ratio R (all such keys of a check
+share one --ratios list); a plain "METHOD" is an r-independent method.
 """
 import json
 import os
@@ -31,15 +34,26 @@ def main(eval_bin, model, work):
         want_em = check["em"]
         if not want_em:
             sys.exit(f"check {check['name']} lists no methods")
-        methods = ",".join(want_em)
+        methods, ratios = [], []
+        for key in want_em:
+            name, _, ratio = key.partition("@")
+            if name not in methods:
+                methods.append(name)
+            if ratio and ratio not in ratios:
+                ratios.append(ratio)
+        extra = ["--ratios", ",".join(ratios)] if ratios else []
         with open(log, "w") as f:
-            rc = subprocess.call([eval_bin, "--model", model, "--methods", methods, "--threads", "1",
-                                  "--device", "cpu", *check["args"], "--out-json", out],
+            rc = subprocess.call([eval_bin, "--model", model, "--methods", ",".join(methods),
+                                  "--threads", "1", "--device", "cpu", *check["args"], *extra,
+                                  "--out-json", out],
                                  stdout=f, stderr=subprocess.STDOUT)
         if rc != 0:
             print(open(log).read()[-4000:])
             sys.exit(f"infoflow-eval exited {rc} on {check['name']}")
-        results = {r["method"]: r["em"] for r in json.load(open(out))["results"]}
+        results = {}
+        for r in json.load(open(out))["results"]:
+            key = r["method"] if r["ratio"] is None else f"{r['method']}@{r['ratio']:g}"
+            results[key] = r["em"]
         for method, want in want_em.items():
             got = results[method]
             if abs(got - want) <= TOLERANCE + 1e-9:

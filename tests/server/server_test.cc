@@ -274,10 +274,13 @@ TEST_F(ServerTest, EveryMethodStreamsTokensThenReport) {
   std::vector<std::string> keys = IngestKeys();
   ASSERT_EQ(keys.size(), 3u);
   for (v1::Method m : {v1::METHOD_FULL, v1::METHOD_NONE, v1::METHOD_INFOFLOW,
-                       v1::METHOD_CACHEBLEND, v1::METHOD_EPIC, v1::METHOD_RANDOM}) {
+                       v1::METHOD_CACHEBLEND, v1::METHOD_EPIC, v1::METHOD_RANDOM,
+                       v1::METHOD_CACHEBLEND_PARTIAL, v1::METHOD_INFOFLOW_BLEND}) {
     SCOPED_TRACE(v1::Method_Name(m));
     v1::QueryRequest req = QueryByKeys(keys, m);
     req.mutable_ratio()->set_value(0.3);
+    // The layer-1 K deviation for the methods that rank by it.
+    if (m == v1::METHOD_CACHEBLEND_PARTIAL) req.set_deviation(v1::DEVIATION_K);
     QueryCall call = RunQueryRpc(h_.query.get(), req);
     ASSERT_TRUE(call.status.ok()) << call.status.error_message();
     ASSERT_TRUE(call.has_report);
@@ -588,6 +591,8 @@ TEST_F(ServerTest, BadInputsGetTheirStatusAndServerStaysUsable) {
        grpc::INVALID_ARGUMENT, "method"},
       {"bad scoring layer", [](v1::QueryRequest* r) { r->add_scoring_layers(99); },
        grpc::INVALID_ARGUMENT, "scoring_layers"},
+      {"unknown deviation", [](v1::QueryRequest* r) { r->set_deviation(static_cast<v1::Deviation>(9)); },
+       grpc::INVALID_ARGUMENT, "deviation"},
       {"malformed key", [](v1::QueryRequest* r) { r->add_chunks()->set_key("xyz"); },
        grpc::INVALID_ARGUMENT, "chunks[3].key"},
       {"missing key", [absent](v1::QueryRequest* r) { r->add_chunks()->set_key(absent); },
