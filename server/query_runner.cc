@@ -182,7 +182,7 @@ absl::StatusOr<std::unique_ptr<PrefilledQuery>> QueryRunner::Prefill(
     input.prefix_kv = prefix->kv;
     out.prefix_cached = prefix->cached;
     out.prefix_key = prefix->key_hex;
-    out.fetch_ms = MsSince(t0);
+    out.fetch_ms = MsSince(q->start);
   } else if (spec.prefix_mode == PrefixMode::kBos) {
     if (!model_->config().bos_token_id.has_value()) {
       return absl::InvalidArgumentError(
