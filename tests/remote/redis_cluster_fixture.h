@@ -25,6 +25,8 @@
 #include <thread>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 namespace infoflow::testing {
 
 // `n` distinct free TCP ports on 127.0.0.1 (all bound at once, then freed).
@@ -317,6 +319,28 @@ class RedisClusterProcess {
   std::string root_;
   std::string password_;
   std::vector<Node> nodes_;
+};
+
+// One cluster per test binary, shared by the tests that do not break it;
+// started on first use, stopped when the binary's tests end. Each test file
+// registers the teardown once with
+//   const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new SharedClusterTeardown);
+inline RedisClusterProcess* SharedCluster() {
+  static RedisClusterProcess* cluster = [] {
+    auto* c = new RedisClusterProcess("shared");
+    std::string error;
+    if (!c->Start(3, 1, &error)) {
+      std::fprintf(stderr, "cannot start the test cluster: %s\n", error.c_str());
+      std::abort();
+    }
+    return c;
+  }();
+  return cluster;
+}
+
+class SharedClusterTeardown : public ::testing::Environment {
+ public:
+  void TearDown() override { SharedCluster()->Stop(); }
 };
 
 }  // namespace infoflow::testing

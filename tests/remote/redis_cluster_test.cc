@@ -22,31 +22,15 @@ namespace infoflow::store {
 namespace {
 
 using infoflow::testing::RedisClusterProcess;
+using infoflow::testing::SharedCluster;
+using infoflow::testing::SharedClusterTeardown;
 using Clock = std::chrono::steady_clock;
 
 double MsSince(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-// One cluster shared by the tests that do not break it.
-RedisClusterProcess* SharedCluster() {
-  static RedisClusterProcess* cluster = [] {
-    auto* c = new RedisClusterProcess("shared");
-    std::string error;
-    if (!c->Start(3, 1, &error)) {
-      std::fprintf(stderr, "cannot start the test cluster: %s\n", error.c_str());
-      std::abort();
-    }
-    return c;
-  }();
-  return cluster;
-}
-
-class ClusterEnv : public ::testing::Environment {
- public:
-  void TearDown() override { SharedCluster()->Stop(); }
-};
-const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new ClusterEnv);
+const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new SharedClusterTeardown);
 
 std::unique_ptr<RedisCluster> Connect(const std::vector<std::string>& seeds,
                                       RedisClusterOptions o = {}) {

@@ -21,6 +21,8 @@
 
 namespace infoflow {
 namespace {
+using infoflow::testing::SharedCluster;
+using infoflow::testing::SharedClusterTeardown;
 
 using testing::RedisClusterProcess;
 using Clock = std::chrono::steady_clock;
@@ -75,23 +77,7 @@ std::vector<std::string> RemoteArgs(const RedisClusterProcess& c, const std::str
           "--store-sync=false", "--threads=1"};
 }
 
-RedisClusterProcess* SharedCluster() {
-  static RedisClusterProcess* cluster = [] {
-    auto* c = new RedisClusterProcess("server_shared");
-    std::string error;
-    if (!c->Start(3, 1, &error)) {
-      std::fprintf(stderr, "cannot start the test cluster: %s\n", error.c_str());
-      std::abort();
-    }
-    return c;
-  }();
-  return cluster;
-}
-class ClusterEnv : public ::testing::Environment {
- public:
-  void TearDown() override { SharedCluster()->Stop(); }
-};
-const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new ClusterEnv);
+const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new SharedClusterTeardown);
 
 std::string RemoteKey(const std::string& prefix, const std::string& key_hex) {
   absl::StatusOr<store::ChunkKey> k = store::ChunkKey::FromHex(key_hex);
