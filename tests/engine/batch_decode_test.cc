@@ -14,17 +14,9 @@
 namespace infoflow {
 namespace {
 
+using testing::Ids;
 using testing::MaxAbsDiff;
 
-std::vector<int32_t> Ids(int n, int seed, int vocab) {
-  std::vector<int32_t> ids;
-  uint32_t x = 2463534242u + seed;
-  for (int i = 0; i < n; ++i) {
-    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
-    ids.push_back(static_cast<int32_t>(3 + x % (vocab - 3)));
-  }
-  return ids;
-}
 
 class BatchDecode : public ::testing::TestWithParam<std::string> {
  protected:

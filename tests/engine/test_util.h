@@ -5,7 +5,9 @@
 #include <ATen/ATen.h>
 
 #include <memory>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine/model/model.h"
 
@@ -15,6 +17,18 @@ inline std::string Stories260KDir() { return INFOFLOW_STORIES260K_DIR; }
 
 inline double MaxAbsDiff(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+// n token ids in [3, vocab) from an xorshift stream of `seed` (ids 0-2
+// are left to special tokens).
+inline std::vector<int32_t> Ids(int n, int seed, int vocab) {
+  std::vector<int32_t> ids;
+  uint32_t x = 2463534242u + seed;
+  for (int i = 0; i < n; ++i) {
+    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+    ids.push_back(static_cast<int32_t>(3 + x % (vocab - 3)));
+  }
+  return ids;
 }
 
 // Loads a model or fails the calling test (use with ASSERT_NO_FATAL_FAILURE).
