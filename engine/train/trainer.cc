@@ -113,6 +113,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& opt
     if (absl::Status s = t->LoadCheckpoint(o.out); !s.ok()) return s;
     return t;
   }
+  if (!o.init_from.empty()) {
+    if (absl::Status s = t->LoadWeights(o.init_from); !s.ok()) return s;
+    return t;
+  }
 
   // Tokenizer: byte-level BPE on generated documents (own seed stream).
   std::vector<std::string> corpus;
@@ -641,6 +645,7 @@ absl::Status Trainer::Save(const std::string& dir) const {
   const TrainOptions& o = options_;
   nlohmann::json st;
   st["step"] = step_;
+  if (!o.init_from.empty()) st["init_from"] = o.init_from;
   st["seed"] = o.seed;
   st["steps"] = o.steps;
   st["batch"] = o.batch;
@@ -657,7 +662,7 @@ absl::Status Trainer::Save(const std::string& dir) const {
   return WriteFile(dir + "/trainer_state.json", st.dump(2) + "\n");
 }
 
-absl::Status Trainer::LoadCheckpoint(const std::string& dir) {
+absl::Status Trainer::LoadWeights(const std::string& dir) {
   LoadOptions lo;
   lo.device = "cpu";
   lo.dtype = "f32";
@@ -695,7 +700,11 @@ absl::Status Trainer::LoadCheckpoint(const std::string& dir) {
   options_.ffn = static_cast<int>(config_.intermediate_size);
   options_.vocab = static_cast<int>(config_.vocab_size);
   CollectParameters();
+  return absl::OkStatus();
+}
 
+absl::Status Trainer::LoadCheckpoint(const std::string& dir) {
+  if (absl::Status s = LoadWeights(dir); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<SafetensorsFile>> opt =
       SafetensorsFile::Open(dir + "/optimizer.safetensors");
   if (!opt.ok()) return opt.status();
@@ -757,6 +766,8 @@ Optimization:
 Output:
   --out DIR                 checkpoint directory (HF layout Model::Load reads, + optimizer state)
   --resume                  continue from --out if it holds a checkpoint
+  --init-from DIR           fine-tune: start from DIR's weights and tokenizer (architecture flags
+                            are taken from it) with a fresh optimizer at step 0
   --until N                 stop (and save) after step N; the LR schedule still spans --steps, so a
                             run can change its data flags between --resume phases
   --eval-every N            held-out teacher-forced eval every N steps (and at the end)
@@ -790,7 +801,7 @@ absl::Status ParseTrainFlags(int argc, char** argv, TrainOptions* o, bool* help)
       {"--gap-fraction", &o->gap_fraction},
       {"--rope-theta", &o->rope_theta}};
   std::map<std::string, std::string*> strings = {
-      {"--out", &o->out}, {"--tasks", &tasks}, {"--data", &data}};
+      {"--out", &o->out}, {"--tasks", &tasks}, {"--data", &data}, {"--init-from", &o->init_from}};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {

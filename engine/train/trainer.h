@@ -89,6 +89,7 @@ struct TrainOptions {
   // Output.
   std::string out;       // checkpoint directory ("" = none)
   bool resume = false;   // continue from `out` when it holds a checkpoint
+  std::string init_from; // fine-tune: start from this checkpoint's weights at step 0
   int until = 0;         // > 0: stop after this step (schedule still spans `steps`)
   int eval_every = 0;    // 0 = only at the end
   int eval_docs = 32;
@@ -126,8 +127,10 @@ struct EvalStats {
 class Trainer {
  public:
   // New model and tokenizer, or (options.resume and options.out holds a
-  // checkpoint) the checkpoint's model, tokenizer, optimizer and step; the
-  // architecture flags are then taken from the checkpoint.
+  // checkpoint) the checkpoint's model, tokenizer, optimizer and step, or
+  // (options.init_from) another checkpoint's model and tokenizer with a
+  // fresh optimizer at step 0 (fine-tuning); the architecture flags are then
+  // taken from the checkpoint.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainOptions& options);
 
   // One optimizer step over `options.batch` documents.
@@ -161,6 +164,9 @@ class Trainer {
                         const std::string& task_override) const;
   void InitWeights();
   void CollectParameters();
+  // Weights and tokenizer of the checkpoint in `dir`; fresh AdamW moments.
+  absl::Status LoadWeights(const std::string& dir);
+  // LoadWeights, then the optimizer moments and step saved beside them.
   absl::Status LoadCheckpoint(const std::string& dir);
 
   TrainOptions options_;

@@ -1,6 +1,8 @@
 // engine_bench: prefill throughput vs the machine's matmul peak (issue 2) and
 // the cost of each query-time method vs FULL prefill (issue 4), and stored KV
-// per codec: bytes per token, decode GB/s, INFOFLOW TTFT (issue 19).
+// per codec: bytes per token, decode GB/s, INFOFLOW TTFT (issue 19), and
+// the batched decode step (Model::DecodeStep) at B = 1..16 requests over
+// `context`-token caches: what continuous batching can gain (issue 15).
 //
 //   engine_bench [--threads N] [--tokens 2048] [--context 4096] [--chunks 8]
 //                [--model DIR] [--reps 3]
@@ -234,6 +236,42 @@ int Main(int argc, char** argv) {
     std::printf("%-10s %12.1f %8.3f %14.1f %16.2f %10.1f\n", KvCodecName(codec.kind), per_token,
                 per_token / raw_bytes_per_token, decode_ms, decoded_bytes / (decode_ms * 1e6),
                 ttft);
+  }
+
+  // 4. Batched decode step: each of B requests has its own `context`-token
+  // cache. Weights are read once per step; every request's K/V is read once
+  // per step, so the per-request cost falls only while weights dominate.
+  std::printf("\nbatched decode step over %lld-token caches (median of %d steps)\n",
+              (long long)context, 8 * reps);
+  std::printf("%6s %10s %12s %12s %16s\n", "batch", "step ms", "tokens/s", "vs batch 1",
+              "MB read/step");
+  KvCache base(m.n_layers());
+  PrefillTokens(m, Ids(context, 3, vocab), 0, &base);
+  const ModelConfig& c = m.config();
+  const double weight_mb =
+      (c.num_hidden_layers * (c.hidden_size * (c.num_attention_heads + 2 * c.num_key_value_heads) *
+                                  c.head_dim +
+                              c.num_attention_heads * c.head_dim * c.hidden_size +
+                              3.0 * c.hidden_size * c.intermediate_size) +
+       c.vocab_size * c.hidden_size) * 4 / 1e6;
+  double one_row_tps = 0;
+  for (int64_t batch : {1, 2, 4, 8, 16}) {
+    std::vector<KvCache> caches;
+    for (int64_t b = 0; b < batch; ++b) caches.push_back(base.Clone());
+    std::vector<KvCache*> ptrs;
+    for (KvCache& kc : caches) ptrs.push_back(&kc);
+    int64_t position = context;
+    auto step = [&] {
+      at::Tensor ids = at::full({batch}, 5, at::kLong);
+      at::Tensor pos = at::full({batch}, position++, at::kLong);
+      (void)m.DecodeStep(ids, pos, ptrs);
+    };
+    step();  // warm up (cache growth)
+    const double ms = MedianMs(8 * reps, step);
+    const double tps = batch / (ms / 1e3);
+    if (batch == 1) one_row_tps = tps;
+    std::printf("%6lld %10.2f %12.1f %12.2f %16.1f\n", (long long)batch, ms, tps,
+                tps / one_row_tps, weight_mb + batch * base.bytes() / 1e6);
   }
   return 0;
 }

@@ -205,6 +205,38 @@ TEST(TrainTest, ResumeContinuesFromTheSameStep) {
   std::filesystem::remove_all(dir);
 }
 
+// --init-from: a fine-tune starts from another checkpoint's weights and
+// tokenizer at step 0 with fresh moments, whatever its own flags say about
+// the architecture; its first step then moves the weights.
+TEST(TrainTest, InitFromStartsAtStepZeroWithTheCheckpointsWeights) {
+  TrainOptions o = Tiny();
+  const std::string dir = MakeTempDir("init-from");
+  ASSERT_FALSE(dir.empty());
+  {
+    absl::StatusOr<std::unique_ptr<Trainer>> base = Trainer::Create(o);
+    ASSERT_TRUE(base.ok()) << base.status();
+    for (int s = 0; s < 3; ++s) (*base)->Step();
+    ASSERT_TRUE((*base)->Save(dir).ok());
+  }
+  absl::StatusOr<std::unique_ptr<Model>> saved = Model::Load(dir, LoadOptions{"cpu", "f32"});
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  TrainOptions f = Tiny();
+  f.init_from = dir;
+  f.layers = o.layers + 3;  // ignored: the checkpoint's architecture wins
+  f.tasks = {"twohop"};
+  absl::StatusOr<std::unique_ptr<Trainer>> tuned = Trainer::Create(f);
+  ASSERT_TRUE(tuned.ok()) << tuned.status();
+  EXPECT_EQ((*tuned)->step(), 0);
+  EXPECT_EQ((*tuned)->model().n_layers(), o.layers);
+  EXPECT_EQ(MaxParamDiff((*tuned)->model(), **saved), 0.0);
+  EXPECT_EQ((*tuned)->TrainDocument(0, 0).task, "twohop");
+  (*tuned)->Step();
+  EXPECT_EQ((*tuned)->step(), 1);
+  EXPECT_GT(MaxParamDiff((*tuned)->model(), **saved), 0.0);
+  f.init_from = dir + "/missing";
+  EXPECT_FALSE(Trainer::Create(f).ok());
+  std::filesystem::remove_all(dir);
+}
 
 // Documents of a batch on several threads: gradients are summed in document
 // order, so the weights are identical to a single-threaded run.
