@@ -46,6 +46,11 @@ struct MethodOptions {
   // the largest layer-1 deviation before attention-norm relevance fills the
   // rest.
   double stale_share = 0.5;
+  // INFOFLOW_BLEND: the deviation is measured on the probe_factor x (stale
+  // share of the budget) most relevant tokens, a cost that scales with r;
+  // 0 = on every eligible token (a fixed layer-0 pass, better from ~0.35 x
+  // FULL TTFT up on the shipped model; MODEL_CARD.md).
+  double probe_factor = 16.0;
   int lego_k = 4;     // EPIC: tokens recomputed at the start of every chunk
   uint64_t seed = 0;  // RANDOM
 };

@@ -37,6 +37,10 @@ absl::Status Validate(const Model& model, const QueryInput& input, const MethodO
     return absl::InvalidArgumentError(
         absl::StrCat("stale_share must be in [0, 1], got ", options.stale_share));
   }
+  if (!(options.probe_factor >= 0.0 && options.probe_factor <= 1e6)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("probe_factor must be in [0, 1e6], got ", options.probe_factor));
+  }
   if (input.chunks.empty()) return absl::InvalidArgumentError("chunks: need at least one chunk");
   if (input.prompt_ids.empty()) return absl::InvalidArgumentError("prompt: no tokens");
   const auto& c = model.config();
@@ -199,49 +203,80 @@ absl::StatusOr<BlendedContext> BuildContext(const Model& model, const QueryInput
     }
     case Method::kInfoFlowBlend: {
       if (k == 0) break;  // r = 0: nothing measured, nothing recomputed (== NONE)
-      // 1. Staleness: every eligible token's layer-1 deviation, as CACHEBLEND
-      // ranks by, for one layer's work (layer 0 plus layer 1's K/V
-      // projection; CACHEBLEND runs layers 0 and 1). On this project's model
-      // the stale tokens that matter (cut continuations, " is" and key words
-      // in other chunks) are ones the question does not attend to.
+      // 1. Relevance: INFOFLOW's attention norm of the question on the
+      // stale cache.
       Stopwatch s;
-      std::vector<int64_t> probe_ctx, probe_slots;
-      for (int64_t i = 0; i < n_ctx; ++i) {
-        if (eligible.empty() || eligible[i]) probe_ctx.push_back(i), probe_slots.push_back(n_prefix + i);
-      }
-      at::Tensor layer1_input;
-      at::Tensor dev = Layer1DeviationAtLayerZeroCost(model, &ctx.cache, slot_ids, probe_slots,
-                                                      options.deviation, &layer1_input);
-      // 2. Relevance: INFOFLOW's attention norm of the question on the stale
-      // cache (the pass above left it unchanged).
       const std::vector<int> layers =
           options.scoring_layers.empty() ? DefaultScoringLayers(model) : options.scoring_layers;
       const std::vector<int32_t>& question =
           input.question_ids.empty() ? input.prompt_ids : input.question_ids;
       at::Tensor scores = ScoreByAttentionNorm(model, &ctx.cache, question, n_prefix + n_ctx,
                                                n_prefix, n_prefix + n_ctx, layers, options.variant);
+      // 2. Staleness: CACHEBLEND's layer-1 deviation, for one layer's work
+      // (layer 0 plus layer 1's K/V projection; CACHEBLEND runs layers 0 and
+      // 1), on every eligible token or (probe_factor > 0) only on the
+      // probe_factor x k_stale most relevant ones, a cost that scales with
+      // r. On this project's model the stale tokens that matter are ones the
+      // question does not attend to, so the relevance probe loses most of
+      // the quality (MODEL_CARD.md) and the default probes every token.
+      // Layer 0 leaves the cache as it was.
+      const int64_t k_stale = static_cast<int64_t>(
+          std::llround(options.stale_share * static_cast<double>(k)));
+      std::vector<int64_t> probe_ctx;
+      if (options.probe_factor > 0) {
+        const double want = std::ceil(options.probe_factor * static_cast<double>(k_stale));
+        probe_ctx = SelectTopK(scores, static_cast<int64_t>(std::min(want, static_cast<double>(n_ctx))),
+                               eligible);
+      } else {
+        for (int64_t i = 0; i < n_ctx; ++i) {
+          if (eligible.empty() || eligible[i]) probe_ctx.push_back(i);
+        }
+      }
+      auto slots_of = [&](const std::vector<int64_t>& ctx_indices) {
+        std::vector<int64_t> out;
+        out.reserve(ctx_indices.size());
+        for (int64_t i : ctx_indices) out.push_back(n_prefix + i);
+        return out;
+      };
+      at::Tensor probe_input;
+      at::Tensor dev = Layer1DeviationAtLayerZeroCost(model, &ctx.cache, slot_ids,
+                                                      slots_of(probe_ctx), options.deviation,
+                                                      &probe_input);
       t.score_ms += s.Ms();
-      // 3. The most deviating tokens take stale_share of the budget;
+      // 3. The most deviating probed tokens take stale_share of the budget;
       // relevance fills the rest.
       Stopwatch sel;
       plan.scores.assign(scores.data_ptr<double>(), scores.data_ptr<double>() + n_ctx);
-      const int64_t k_stale = std::min<int64_t>(
-          static_cast<int64_t>(std::llround(options.stale_share * static_cast<double>(k))),
-          static_cast<int64_t>(probe_ctx.size()));
       at::Tensor combined = scores.clone();
       double* cs = combined.data_ptr<double>();
-      for (int64_t j : SelectTopK(dev, k_stale)) cs[probe_ctx[j]] = INFINITY;
+      const int64_t k_dev = std::min<int64_t>(k_stale, static_cast<int64_t>(probe_ctx.size()));
+      for (int64_t j : SelectTopK(dev, k_dev)) cs[probe_ctx[j]] = INFINITY;
       plan.selected = SelectTopK(combined, k, eligible);
       t.select_ms += sel.Ms();
       // 4. Recompute from layer 1 on: layer 0's output is exact already.
+      // Selected tokens outside the probe get theirs now (layer 0 only).
       Stopwatch rc;
-      std::vector<int64_t> slots, rows;
-      std::vector<int64_t> row_of(n_ctx, -1);
+      std::vector<int64_t> row_of(n_ctx, -1), extra;
       for (size_t j = 0; j < probe_ctx.size(); ++j) row_of[probe_ctx[j]] = static_cast<int64_t>(j);
-      for (int64_t i : plan.selected) slots.push_back(n_prefix + i), rows.push_back(row_of[i]);
-      if (!slots.empty()) {
+      for (int64_t i : plan.selected) {
+        if (row_of[i] < 0) extra.push_back(i);
+      }
+      at::Tensor layer1_input = probe_input;
+      if (!extra.empty()) {
+        at::Tensor extra_input;
+        (void)Layer1DeviationAtLayerZeroCost(model, &ctx.cache, slot_ids, slots_of(extra),
+                                             options.deviation, &extra_input);
+        for (size_t j = 0; j < extra.size(); ++j) {
+          row_of[extra[j]] = static_cast<int64_t>(probe_ctx.size() + j);
+        }
+        layer1_input = probe_ctx.empty() ? extra_input : at::cat({probe_input, extra_input}, 0);
+      }
+      std::vector<int64_t> rows;
+      for (int64_t i : plan.selected) rows.push_back(row_of[i]);
+      if (!plan.selected.empty()) {
         at::Tensor row_t = at::tensor(rows, at::TensorOptions().dtype(at::kLong)).to(model.device());
-        RecomputeTokens(model, &ctx.cache, slot_ids, slots, 1, layer1_input.index_select(0, row_t));
+        RecomputeTokens(model, &ctx.cache, slot_ids, slots_of(plan.selected), 1,
+                        layer1_input.index_select(0, row_t));
       }
       t.recompute_ms += rc.Ms();
       return ctx;

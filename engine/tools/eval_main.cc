@@ -68,7 +68,7 @@ Usage:
                 [--out-csv F] [--out-json F [--record-selected]] [--out-plot F.svg]
                 [--plot-metric auto|em|f1|top1] [--prompt-template "...{question}..."]
                 [--kv-codec raw|int8|int4 [--kv-group-size 64]]
-                [--deviation v|k] [--lego-ks 4] [--stale-share 0.5]
+                [--deviation v|k] [--lego-ks 4] [--stale-share 0.5] [--probe-factor 0]
                 [--pareto --out-csv F.csv [--out-plot F.svg]]
   infoflow-eval --write-eval-set FILE.jsonl --synthetic N [synthetic options]
 
@@ -86,7 +86,10 @@ per --lego-ks value (default 4); the others run at every r in --ratios
 (default 0.05,0.15,0.3). --deviation picks the layer-1 state CACHEBLEND,
 CACHEBLEND_PARTIAL and INFOFLOW_BLEND compare (v, default, or k).
 --stale-share is INFOFLOW_BLEND's share of the budget given to the tokens with
-the largest layer-1 deviation (the rest goes by attention-norm relevance).
+the largest layer-1 deviation (the rest goes by attention-norm relevance);
+--probe-factor F > 0 measures that deviation only on the F x (that share of
+the budget) most relevant tokens, a cost that scales with r (default 0: on
+every eligible token, a fixed layer-0 pass; see the model card for why).
 
 --pareto: quality at equal cost. Defaults become --methods FULL,NONE,INFOFLOW,
 INFOFLOW_BLEND,CACHEBLEND,CACHEBLEND_PARTIAL,EPIC,RANDOM, --ratios
@@ -130,6 +133,7 @@ struct Flags {
   std::string lego_ks;  // empty: 4 (--pareto: 1,2,4,8,16,32)
   std::string deviation = "v";
   double stale_share = 0.5;
+  double probe_factor = MethodOptions{}.probe_factor;
   bool pareto = false;
   int max_new_tokens = 16;
   std::string scoring_layers;
@@ -180,7 +184,8 @@ absl::Status ParseFlags(int argc, char** argv, Flags* f, bool* help) {
       has_value = true;
     }
     const bool known =
-        strings.count(name) || ints.count(name) || name == "--seed" || name == "--stale-share";
+        strings.count(name) || ints.count(name) || name == "--seed" || name == "--stale-share" ||
+        name == "--probe-factor";
     if (!known) return absl::InvalidArgumentError(absl::StrCat("unknown flag ", arg));
     if (!has_value) {
       if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(name, " needs a value"));
@@ -191,6 +196,10 @@ absl::Status ParseFlags(int argc, char** argv, Flags* f, bool* help) {
     } else if (auto n = ints.find(name); n != ints.end()) {
       if (!absl::SimpleAtoi(value, n->second)) {
         return absl::InvalidArgumentError(absl::StrCat(name, ": not an integer: ", value));
+      }
+    } else if (name == "--probe-factor") {
+      if (!absl::SimpleAtod(value, &f->probe_factor)) {
+        return absl::InvalidArgumentError(absl::StrCat("--probe-factor: not a number: ", value));
       }
     } else if (name == "--stale-share") {
       if (!absl::SimpleAtod(value, &f->stale_share)) {
@@ -595,6 +604,9 @@ absl::Status Run(const Flags& f) {
   if (!(f.stale_share >= 0 && f.stale_share <= 1)) {
     return absl::InvalidArgumentError("--stale-share must be in [0, 1]");
   }
+  if (!(f.probe_factor >= 0 && f.probe_factor <= 1e6)) {
+    return absl::InvalidArgumentError("--probe-factor must be in [0, 1e6]");
+  }
   if (f.pareto && f.out_csv.empty()) return absl::InvalidArgumentError("--pareto needs --out-csv");
   absl::StatusOr<std::vector<int>> layers = ParseInts(f.scoring_layers, "--scoring-layers");
   if (!layers.ok()) return layers.status();
@@ -718,6 +730,7 @@ absl::Status Run(const Flags& f) {
       if (c.lego_k >= 0) options.lego_k = c.lego_k;
       options.deviation = deviation;
       options.stale_share = f.stale_share;
+      options.probe_factor = f.probe_factor;
       options.scoring_layers = *layers;
       options.seed = f.seed + e;
       absl::StatusOr<QueryResult> q = RunQuery(m, &tokenizer, input, options, decode, nullptr);

@@ -19,14 +19,14 @@
 #     twohop2k-ho  twohop, 10 chunks x 180 words, seed 4
 # Environment: EVAL (default build/engine/tools/infoflow-eval), N (examples;
 # default 30 for ~2K sets, 20 for ~4K sets), RATIOS (default
-# 0.02,0.05,0.1,0.15,0.3,0.5), THREADS (default 1).
+# 0.01,0.02,0.05,0.1,0.15,0.3,0.5), THREADS (default 1).
 # engine/tools/pareto_table.py OUT_DIR/*.csv then interpolates every method's
 # curve at TTFT = 0.15 / 0.3 / 0.5 x FULL.
 set -euo pipefail
 SET=${1:?usage: pareto_sets.sh SET [OUT_DIR]}
 OUT=${2:-models/infoflow-tiny/pareto}
 EVAL=${EVAL:-build/engine/tools/infoflow-eval}
-RATIOS=${RATIOS:-0.02,0.05,0.1,0.15,0.3,0.5}
+RATIOS=${RATIOS:-0.01,0.02,0.05,0.1,0.15,0.3,0.5}
 THREADS=${THREADS:-1}
 case "$SET" in
   split2k)     args=(--task split  --chunks 8  --chunk-words 220 --seed 0); n=30 ;;

@@ -189,6 +189,7 @@ TEST_P(InfoFlowTest, InfoFlowBlendRanksByCacheBlendsDeviationAtLayerZeroCost) {
     MethodOptions blend, cb;
     blend.method = Method::kInfoFlowBlend;
     blend.stale_share = 1.0;
+    blend.probe_factor = 0;  // every eligible token
     cb.method = Method::kCacheBlendPartial;
     blend.ratio = cb.ratio = 0.15;
     blend.deviation = cb.deviation = d;
@@ -202,10 +203,37 @@ TEST_P(InfoFlowTest, InfoFlowBlendRanksByCacheBlendsDeviationAtLayerZeroCost) {
   MethodOptions half;
   half.method = Method::kInfoFlowBlend;
   half.ratio = 0.25;
+  half.probe_factor = 0;
   RecomputePlan ph;
   PromptLogits(in, half, &ph);
   EXPECT_EQ(ph.selected.size(), 21u);
   for (int64_t t : ph.selected) EXPECT_GE(t, 20) << "first chunk is exact, not eligible";
+  // A probe that covers every eligible token is the full probe, bit for
+  // bit; a small one ranks deviation among the most relevant tokens only,
+  // and tokens outside it still start at layer 1 exactly (r = 1 with a
+  // small probe is FULL).
+  MethodOptions all_probed = half;
+  all_probed.probe_factor = 1000;
+  RecomputePlan pa;
+  at::Tensor la = PromptLogits(in, all_probed, &pa);
+  EXPECT_EQ(pa.selected, ph.selected);
+  EXPECT_EQ(MaxAbsDiff(la, PromptLogits(in, half)), 0.0);
+  MethodOptions small = half;
+  small.probe_factor = 1;
+  small.stale_share = 1.0;
+  RecomputePlan pk;
+  PromptLogits(in, small, &pk);
+  // The probe is the top k by relevance, and all of it is picked.
+  MethodOptions relevance = half;
+  relevance.method = Method::kInfoFlow;
+  RecomputePlan pr;
+  PromptLogits(in, relevance, &pr);
+  EXPECT_EQ(pk.selected, pr.selected);
+  small.ratio = 1.0;
+  small.stale_share = 0.5;
+  EXPECT_LE(MaxAbsDiff(PromptLogits(in, small), FullLogits(in)), 1e-4);
+  small.probe_factor = -1;
+  EXPECT_FALSE(BuildContext(*model_, in, small).ok());
   // Layer 0's output is exact, so starting the recompute at layer 1 loses
   // nothing: r = 1 is FULL (RatioOneEqualsFull...), and bad knobs fail.
   half.stale_share = 1.5;
