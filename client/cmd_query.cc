@@ -42,7 +42,9 @@ constexpr char kUsage[] =
     "                  are special tokens (default: plain text)\n"
     "  --prefix-mode   how the chunks were ingested (default: the server's, BOS when the model\n"
     "                  has one)\n"
-    "  --stop-id ID    a token id that also ends the answer (the model's stop ids always do)\n";
+    "  --stop-id ID    a token id that also ends the answer (the model's stop ids always do)\n"
+    "  --method        default: the server's (INFOFLOW_BLEND); --ratio default: 0.05 for\n"
+    "                  infoflow_blend, 0.15 for the others. --reorder applies to infoflow only\n";
 
 // "@FILE" reads FILE; anything else is the text itself.
 bool TextOrFile(const std::string& flag, const std::string& value, std::string* out) {
@@ -116,7 +118,7 @@ int RunQuery(int argc, char** argv) {
       req.add_chunks()->set_text(ss.str());
     }
   }
-  v1::Method method = v1::METHOD_INFOFLOW;
+  v1::Method method = v1::METHOD_UNSPECIFIED;  // the server's default
   if (flags.Has("method") && !ParseMethodFlag(flags.Get("method"), &method)) {
     std::fprintf(stderr, "infoflow query: unknown --method %s\n", flags.Get("method").c_str());
     return 2;

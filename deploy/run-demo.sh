@@ -3,8 +3,9 @@
 # defaults (RocksDB in ./data/kv) with the model that ships in
 # models/infoflow-tiny (trained in-project, see its MODEL_CARD.md), ingest the
 # sample documents (five chunks of deploy/demo/docs), ask for the secret code
-# stated in the fourth chunk, stream the answer and the report (InfoFlow and
-# FULL for comparison), then stop the server.
+# stated in the fourth chunk, stream the answer and the report (the server's
+# default method, INFOFLOW_BLEND at r = 0.05; INFOFLOW at r = 0.15; and FULL
+# for comparison), then stop the server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/install-deps.sh
@@ -28,6 +29,9 @@ TEMPLATE=$'\nQuestion: {question}\nAnswer:'
 
 CHUNKS=()
 for f in deploy/demo/docs/*.txt; do CHUNKS+=(--chunk-file "$f"); done
+echo; echo "== server default: INFOFLOW_BLEND (r = 0.05) =="
+build/client/infoflow query --server "$ADDR" --question "$Q" \
+  --template "$TEMPLATE" "${CHUNKS[@]}" --max-new-tokens 8 --report
 echo; echo "== INFOFLOW (r = 0.15) =="
 build/client/infoflow query --server "$ADDR" --question "$Q" --method infoflow --ratio 0.15 \
   --template "$TEMPLATE" "${CHUNKS[@]}" --max-new-tokens 8 --report

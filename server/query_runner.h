@@ -16,12 +16,8 @@
 
 #include "absl/status/statusor.h"
 #include "engine/text/tokenizer.h"
+#include "engine/blend/method.h"
 #include "server/chunk_resolver.h"
-
-namespace infoflow {
-enum class Method;
-enum class Deviation;
-}
 
 namespace infoflow::server {
 
@@ -30,12 +26,12 @@ struct QuerySpec {
   PrefixMode prefix_mode;
   std::string prompt_template;  // contains "{question}" (or the question is appended)
   std::string question;
-  Method method;
-  double ratio = 0.15;
+  Method method = kDefaultMethod;
+  double ratio = DefaultRatio(kDefaultMethod);
   bool reorder = false;
   std::vector<int> scoring_layers;
   int lego_k = 4;
-  Deviation deviation{};  // value 0 = Deviation::kV (engine/blend/method.h)
+  Deviation deviation = Deviation::kV;
   float temperature = 0, top_p = 1;
   uint64_t seed = 0;
   int max_new_tokens = 64;

@@ -77,7 +77,7 @@ grpc::Status ToPrefixMode(const Model& model, v1::PrefixMode m, PrefixMode* out)
 
 bool ToMethod(v1::Method m, Method* out) {
   switch (m) {
-    case v1::METHOD_UNSPECIFIED:
+    case v1::METHOD_UNSPECIFIED: *out = kDefaultMethod; return true;
     case v1::METHOD_INFOFLOW: *out = Method::kInfoFlow; return true;
     case v1::METHOD_FULL: *out = Method::kFull; return true;
     case v1::METHOD_NONE: *out = Method::kNone; return true;
@@ -176,7 +176,7 @@ grpc::Status ToSpec(const ServiceDeps& d, const v1::QueryRequest& req, QuerySpec
   if (!ToMethod(req.method(), &spec->method)) {
     return Invalid(absl::StrCat("method: unknown value ", static_cast<int>(req.method())));
   }
-  spec->ratio = req.has_ratio() ? req.ratio().value() : 0.15;
+  spec->ratio = req.has_ratio() ? req.ratio().value() : DefaultRatio(spec->method);
   if (!(spec->ratio >= 0.0 && spec->ratio <= 1.0)) {  // also catches NaN
     return Invalid(absl::StrCat("ratio: must be in [0, 1], got ", spec->ratio));
   }

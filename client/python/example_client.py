@@ -62,7 +62,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--server", default="127.0.0.1:50051")
     ap.add_argument("--token-file", help="bearer token file (server --auth-token-file)")
-    ap.add_argument("--method", default="INFOFLOW")
+    ap.add_argument("--method", default="UNSPECIFIED",
+                    help="INFOFLOW_BLEND, INFOFLOW, FULL, ... (default: the server's, INFOFLOW_BLEND)")
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument("--chat", choices=sorted(CHAT_PRESETS),
                     help="send the model family's chat format as prefix + template")

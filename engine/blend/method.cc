@@ -32,6 +32,8 @@ bool ParseMethod(const std::string& name, Method* out) {
   return false;
 }
 
+double DefaultRatio(Method m) { return m == Method::kInfoFlowBlend ? 0.05 : 0.15; }
+
 bool MethodUsesRatio(Method m) {
   switch (m) {
     case Method::kInfoFlow:

@@ -30,6 +30,16 @@ bool ParseMethod(const std::string& name, Method* out);  // case-insensitive
 // Whether the method's recompute budget depends on MethodOptions::ratio.
 bool MethodUsesRatio(Method m);
 
+// What a request that names no method gets (the server's
+// METHOD_UNSPECIFIED): INFOFLOW_BLEND, whose EM-vs-TTFT curve lies above
+// INFOFLOW's and CACHEBLEND's on the held-out sets of
+// models/infoflow-tiny/MODEL_CARD.md ("Which method is the server default").
+inline constexpr Method kDefaultMethod = Method::kInfoFlowBlend;
+// r when a request gives none: 0.05 for INFOFLOW_BLEND (cheaper than
+// INFOFLOW at 0.15 on the shipped model, and about twice its EM on split),
+// 0.15 for every other method.
+double DefaultRatio(Method m);
+
 enum class ScoreVariant { kL2, kSum, kVNorm };
 enum class Deviation { kV, kK };  // which layer-1 state CacheBlend compares
 const char* DeviationName(Deviation d);  // "V", "K"

@@ -162,10 +162,10 @@ int Main(int argc, char** argv) {
     MethodOptions o;
   };
   std::vector<Row> rows;
-  auto add = [&](const char* name, Method method, bool reorder = false) {
+  auto add = [&](const char* name, Method method, bool reorder = false, double ratio = 0.15) {
     MethodOptions o;
     o.method = method;
-    o.ratio = 0.15;
+    o.ratio = ratio;
     o.reorder = reorder;
     rows.push_back({name, o});
   };
@@ -174,6 +174,7 @@ int Main(int argc, char** argv) {
   add("INFOFLOW r=0.15", Method::kInfoFlow);
   add("INFOFLOW+reorder", Method::kInfoFlow, true);
   add("INFOFLOW_BLEND r=0.15", Method::kInfoFlowBlend);
+  add("INFOFLOW_BLEND r=0.05 (dflt)", Method::kInfoFlowBlend, false, 0.05);
   add("CACHEBLEND r=0.15", Method::kCacheBlend);
   add("CACHEBLEND_PARTIAL r=0.15", Method::kCacheBlendPartial);
   add("EPIC k=4", Method::kEpic);
@@ -182,7 +183,7 @@ int Main(int argc, char** argv) {
   one.max_new_tokens = 1;
   std::printf("\n%lld context tokens in %d chunks, question %zu tokens (median of %d)\n",
               (long long)context, chunks, in.question_ids.size(), reps);
-  std::printf("%-26s %9s %9s %8s %8s %10s %8s %10s %9s\n", "method", "TTFT ms", "vs FULL",
+  std::printf("%-28s %9s %9s %8s %8s %10s %8s %10s %9s\n", "method", "TTFT ms", "vs FULL",
               "repos", "score", "recompute", "prompt", "recomputed", "rc/FULL");
   double full_ttft = 0, full_build = 0;
   for (const Row& r : rows) {
@@ -194,7 +195,7 @@ int Main(int argc, char** argv) {
     if (results.empty()) return 1;
     const StageTimings& t = results.back().plan.timings;
     if (r.o.method == Method::kFull) full_ttft = ttft, full_build = t.recompute_ms;
-    std::printf("%-26s %9.1f %9.3f %8.1f %8.1f %10.1f %8.1f %10zu %9.3f\n", r.name, ttft,
+    std::printf("%-28s %9.1f %9.3f %8.1f %8.1f %10.1f %8.1f %10zu %9.3f\n", r.name, ttft,
                 ttft / full_ttft, t.reposition_ms, t.score_ms, t.recompute_ms, t.prompt_ms,
                 results.back().plan.selected.size(), t.recompute_ms / full_build);
   }

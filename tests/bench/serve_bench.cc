@@ -2,7 +2,8 @@
 // the real server binary on 127.0.0.1:0 (RocksDB in a temp dir) and measures
 //
 //  1. TTFT vs context length for FULL, NONE, INFOFLOW r=0.15 (+ reorder),
-//     CACHEBLEND r=0.15 and EPIC k=4: median of --reps runs (after one
+//     INFOFLOW_BLEND r=0.15 and r=0.05 (the server default), CACHEBLEND and
+//     CACHEBLEND_PARTIAL r=0.15 and EPIC k=4: median of --reps runs (after one
 //     warm-up), ratio to FULL from the same run, per-stage medians from the
 //     server's report, client-observed TTFT alongside;
 //  2. ingest throughput (tokens/s): gRPC Ingest vs in-process PrefillChunk on
@@ -109,6 +110,7 @@ struct MethodRow {
   v1::Method method;
   bool reorder;
   Method engine_method;
+  double ratio = 0.15;
 };
 
 struct Run {
@@ -126,7 +128,7 @@ absl::StatusOr<Run> QueryOnce(client::Client& c, const std::vector<std::string>&
   req.set_question(question);
   req.set_prompt_template("\nQuestion: {question}\nAnswer:");
   req.set_method(m.method);
-  req.mutable_ratio()->set_value(0.15);
+  req.mutable_ratio()->set_value(m.ratio);
   req.set_reorder(m.reorder);
   req.set_lego_k(4);
   req.set_max_new_tokens(max_new_tokens);
@@ -166,7 +168,7 @@ absl::StatusOr<double> InProcessTtft(const Model& model, const Tokenizer& tok,
   input.prompt_ids = tok.Encode("\nQuestion: " + question + "\nAnswer:");
   MethodOptions options;
   options.method = m.engine_method;
-  options.ratio = 0.15;
+  options.ratio = m.ratio;
   options.reorder = m.reorder;
   options.lego_k = 4;
   DecodeOptions decode;
@@ -450,6 +452,8 @@ int Main(int argc, char** argv) {
       {"INFOFLOW r=0.15", v1::METHOD_INFOFLOW, false, Method::kInfoFlow},
       {"INFOFLOW+reorder", v1::METHOD_INFOFLOW, true, Method::kInfoFlow},
       {"INFOFLOW_BLEND r=0.15", v1::METHOD_INFOFLOW_BLEND, false, Method::kInfoFlowBlend},
+      {"INFOFLOW_BLEND r=0.05 (default)", v1::METHOD_INFOFLOW_BLEND, false,
+       Method::kInfoFlowBlend, 0.05},
       {"CACHEBLEND r=0.15", v1::METHOD_CACHEBLEND, false, Method::kCacheBlend},
       {"CACHEBLEND_PARTIAL r=0.15", v1::METHOD_CACHEBLEND_PARTIAL, false,
        Method::kCacheBlendPartial},
