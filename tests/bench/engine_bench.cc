@@ -26,6 +26,7 @@
 #include "engine/chunk/chunk_prefill.h"
 #include "engine/model/runtime.h"
 #include "engine/model/test_model.h"
+#include "tests/bench/bench_util.h"
 
 namespace infoflow {
 namespace {
@@ -97,20 +98,9 @@ int Main(int argc, char** argv) {
   InitTorchRuntime(threads);
   if (dir.empty()) {
     dir = (std::filesystem::temp_directory_path() / "infoflow-bench-model").string();
-    TestModelSpec spec;
-    spec.hidden_size = 512;
-    spec.num_layers = 6;
-    spec.num_heads = 8;
-    spec.num_kv_heads = 4;
-    spec.intermediate_size = 1408;
-    spec.vocab_size = 2048;
-    spec.max_position_embeddings = 32768;
-    if (!std::filesystem::exists(dir + "/model.safetensors")) {
-      absl::Status s = WriteTestModel(dir, spec);
-      if (!s.ok()) {
-        std::fprintf(stderr, "writing bench model: %s\n", s.ToString().c_str());
-        return 1;
-      }
+    if (absl::Status s = bench::EnsureBenchModel(dir); !s.ok()) {
+      std::fprintf(stderr, "writing bench model: %s\n", s.ToString().c_str());
+      return 1;
     }
   }
   LoadOptions lo;

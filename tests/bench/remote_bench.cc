@@ -41,6 +41,7 @@
 #include "engine/model/test_model.h"
 #include "engine/text/tokenizer.h"
 #include "infoflow/v1/infoflow.grpc.pb.h"
+#include "tests/bench/bench_util.h"
 #include "tests/reliability/server_process.h"
 #include "tests/remote/redis_cluster_fixture.h"
 
@@ -51,11 +52,8 @@ namespace fs = std::filesystem;
 namespace v1 = ::infoflow::v1;
 using Clock = std::chrono::steady_clock;
 
-double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using bench::Median;
+using bench::Ms;
 
 const char* const kVocab[] = {"river", "lamp", "garden", "copper", "window", "orange", "street",
                               "quiet", "north", "bridge", "winter", "letter", "silver", "market",
@@ -145,19 +143,9 @@ int Main(int argc, char** argv) {
   // As store_bench: without it glibc re-faults every freed MB-sized buffer.
   if (!store::TuneMallocForLargeValues()) return 1;
   const std::string model_dir = (fs::temp_directory_path() / "infoflow-serve-bench-model").string();
-  if (!fs::exists(model_dir + "/model.safetensors")) {
-    TestModelSpec spec;  // serve_bench's model
-    spec.hidden_size = 512;
-    spec.num_layers = 6;
-    spec.num_heads = 8;
-    spec.num_kv_heads = 4;
-    spec.intermediate_size = 1408;
-    spec.vocab_size = 2048;
-    spec.max_position_embeddings = 32768;
-    if (absl::Status s = WriteTestModel(model_dir, spec); !s.ok()) {
-      std::fprintf(stderr, "%s\n", s.ToString().c_str());
-      return 1;
-    }
+  if (absl::Status s = bench::EnsureBenchModel(model_dir); !s.ok()) {  // serve_bench's model
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 1;
   }
   static testing::RedisClusterProcess cluster("bench");
   // The error paths below std::exit(1): stop the cluster's processes then too.

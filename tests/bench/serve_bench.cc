@@ -56,6 +56,7 @@
 #include "engine/model/runtime.h"
 #include "engine/model/test_model.h"
 #include "engine/text/tokenizer.h"
+#include "tests/bench/bench_util.h"
 #include "tests/reliability/server_process.h"
 
 namespace infoflow {
@@ -65,27 +66,10 @@ namespace fs = std::filesystem;
 namespace v1 = ::infoflow::v1;
 using Clock = std::chrono::steady_clock;
 
-double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
-double Quantile(std::vector<double> v, double q) {
-  if (v.empty()) return NAN;
-  std::sort(v.begin(), v.end());
-  const double pos = q * (v.size() - 1);
-  const size_t lo = static_cast<size_t>(pos);
-  const size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (pos - lo);
-}
-double Median(const std::vector<double>& v) { return Quantile(v, 0.5); }
-
-std::vector<int64_t> ParseList(const std::string& s) {
-  std::vector<int64_t> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (!item.empty()) out.push_back(std::atoll(item.c_str()));
-  }
-  return out;
-}
+using bench::Median;
+using bench::Ms;
+using bench::ParseList;
+using bench::Quantile;
 
 const char* kWords[] = {
     "the",     "river",   "lamp",    "garden",   "copper",  "window", "orange",  "street",
@@ -302,19 +286,9 @@ int Main(int argc, char** argv) {
   fs::create_directories(out_dir);
   if (model_dir.empty()) {
     model_dir = (fs::temp_directory_path() / "infoflow-serve-bench-model").string();
-    TestModelSpec spec;
-    spec.hidden_size = 512;
-    spec.num_layers = 6;
-    spec.num_heads = 8;
-    spec.num_kv_heads = 4;
-    spec.intermediate_size = 1408;
-    spec.vocab_size = 2048;
-    spec.max_position_embeddings = 32768;
-    if (!fs::exists(model_dir + "/model.safetensors")) {
-      if (absl::Status s = WriteTestModel(model_dir, spec); !s.ok()) {
-        std::fprintf(stderr, "writing bench model: %s\n", s.ToString().c_str());
-        return 1;
-      }
+    if (absl::Status s = bench::EnsureBenchModel(model_dir); !s.ok()) {
+      std::fprintf(stderr, "writing bench model: %s\n", s.ToString().c_str());
+      return 1;
     }
   }
   const std::string data_dir = (fs::temp_directory_path() /

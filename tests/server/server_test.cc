@@ -227,6 +227,27 @@ class ServerTest : public ::testing::Test {
     return keys;
   }
 
+  // Starts the server with one running slot and `queue_depth` more waiting,
+  // ingests the chunks into *keys, and holds the slot with a long sampled
+  // stream on `ctx` (read slowly by the caller, inside the model's 4096
+  // positions: more is OUT_OF_RANGE). Returns its reader once it runs.
+  std::unique_ptr<grpc::ClientReader<v1::QueryResponse>> HoldTheOnlySlot(
+      int queue_depth, grpc::ClientContext* ctx, std::vector<std::string>* keys) {
+    h_.options.workers = 1;
+    h_.options.queue_depth = queue_depth;
+    h_.options.max_new_tokens = 3000;
+    h_.Start();
+    if (h_.query == nullptr) return nullptr;  // Start failed (fatally, for the caller)
+    *keys = IngestKeys();
+    v1::QueryRequest longq = QueryByKeys(*keys, v1::METHOD_NONE);
+    longq.set_max_new_tokens(3000);
+    longq.mutable_sampling()->set_temperature(1.0);
+    auto reader = h_.query->Query(ctx, longq);
+    v1::QueryResponse msg;
+    EXPECT_TRUE(reader->Read(&msg));  // running now
+    return reader;
+  }
+
   Harness h_;
 };
 
@@ -827,20 +848,11 @@ TEST_F(ServerTest, QuantizedCodecStoresSmallerRecordsAndRatioOneStillEqualsFull)
 }
 
 TEST_F(ServerTest, BusyServerAnswersResourceExhausted) {
-  h_.options.workers = 1;
-  h_.options.queue_depth = 0;
-  h_.options.max_new_tokens = 3000;
-  ASSERT_NO_FATAL_FAILURE(h_.Start());
-  std::vector<std::string> keys = IngestKeys();
-  // Hold the only worker with a long stream that the client reads slowly
-  // (long, but inside the model's 4096 positions: more is OUT_OF_RANGE).
-  v1::QueryRequest longq = QueryByKeys(keys, v1::METHOD_NONE);
-  longq.set_max_new_tokens(3000);
-  longq.mutable_sampling()->set_temperature(1.0);
   grpc::ClientContext ctx;
-  auto reader = h_.query->Query(&ctx, longq);
+  std::vector<std::string> keys;
+  auto reader = HoldTheOnlySlot(/*queue_depth=*/0, &ctx, &keys);
+  ASSERT_TRUE(reader != nullptr && !HasFailure());
   v1::QueryResponse msg;
-  ASSERT_TRUE(reader->Read(&msg));  // it is running now
   QueryCall refused = RunQueryRpc(h_.query.get(), QueryByKeys(keys, v1::METHOD_NONE));
   ctx.TryCancel();
   while (reader->Read(&msg)) {
@@ -947,18 +959,11 @@ TEST_F(ServerTest, SixteenConcurrentQueriesEqualTheirSoloRuns) {
 // FIFO: with one running slot, queued requests start in arrival order, and a
 // cancelled running request frees its slot for the next.
 TEST_F(ServerTest, QueuedQueriesRunInArrivalOrderAfterACancel) {
-  h_.options.workers = 1;
-  h_.options.queue_depth = 8;
-  h_.options.max_new_tokens = 3000;
-  ASSERT_NO_FATAL_FAILURE(h_.Start());
-  std::vector<std::string> keys = IngestKeys();
-  v1::QueryRequest longq = QueryByKeys(keys, v1::METHOD_NONE);
-  longq.set_max_new_tokens(3000);
-  longq.mutable_sampling()->set_temperature(1.0);
   grpc::ClientContext ctx;
-  auto reader = h_.query->Query(&ctx, longq);
+  std::vector<std::string> keys;
+  auto reader = HoldTheOnlySlot(/*queue_depth=*/8, &ctx, &keys);
+  ASSERT_TRUE(reader != nullptr && !HasFailure());
   v1::QueryResponse msg;
-  ASSERT_TRUE(reader->Read(&msg));  // running now, holding the only slot
   std::mutex mu;
   std::vector<int> finished;
   std::vector<std::thread> waiting;

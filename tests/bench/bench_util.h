@@ -1,0 +1,65 @@
+// Helpers shared by the benchmarks: timing statistics, list flags and the
+// generated model they all measure when no --model is given.
+#ifndef INFOFLOW_TESTS_BENCH_BENCH_UTIL_H_
+#define INFOFLOW_TESTS_BENCH_BENCH_UTIL_H_
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/model/test_model.h"
+
+namespace infoflow::bench {
+
+inline double Ms(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double, std::milli>(d).count();
+}
+
+// Linear interpolation between the two nearest ranks; NaN when empty.
+inline double Quantile(std::vector<double> v, double q) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(pos);
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+}
+inline double Median(const std::vector<double>& v) { return Quantile(v, 0.5); }
+
+// "1,4,16" -> {1, 4, 16}; empty items are skipped.
+inline std::vector<int64_t> ParseList(const std::string& s) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(std::atoll(item.c_str()));
+  }
+  return out;
+}
+
+// The benchmarks' model: a generated 6-layer, 512-wide LLaMA (GQA 8/4,
+// SwiGLU 1408, vocab 2048, 32K positions), written once to `dir` (kept
+// between runs; same spec => same bytes).
+inline absl::Status EnsureBenchModel(const std::string& dir) {
+  if (std::filesystem::exists(dir + "/model.safetensors")) return absl::OkStatus();
+  TestModelSpec spec;
+  spec.hidden_size = 512;
+  spec.num_layers = 6;
+  spec.num_heads = 8;
+  spec.num_kv_heads = 4;
+  spec.intermediate_size = 1408;
+  spec.vocab_size = 2048;
+  spec.max_position_embeddings = 32768;
+  return WriteTestModel(dir, spec);
+}
+
+}  // namespace infoflow::bench
+
+#endif  // INFOFLOW_TESTS_BENCH_BENCH_UTIL_H_
