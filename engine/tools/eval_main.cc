@@ -48,6 +48,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "engine/eval/eval_set.h"
+#include "engine/tools/flag_table.h"
 #include "engine/model/model.h"
 #include "engine/blend/pipeline.h"
 #include "engine/chunk/chunk_codec.h"
@@ -149,7 +150,8 @@ struct Flags {
 };
 
 absl::Status ParseFlags(int argc, char** argv, Flags* f, bool* help) {
-  std::map<std::string, std::string*> strings = {
+  FlagTable flags;
+  flags.strings = {
       {"--model", &f->model_dir},         {"--eval-set", &f->eval_set},
       {"--task", &f->task},               {"--methods", &f->methods},
       {"--ratios", &f->ratios},           {"--scoring-layers", &f->scoring_layers},
@@ -158,58 +160,13 @@ absl::Status ParseFlags(int argc, char** argv, Flags* f, bool* help) {
       {"--plot-metric", &f->plot_metric}, {"--prompt-template", &f->prompt_template},
       {"--write-eval-set", &f->write_eval_set}, {"--kv-codec", &f->kv_codec},
       {"--lego-ks", &f->lego_ks},         {"--deviation", &f->deviation}};
-  std::map<std::string, int*> ints = {{"--synthetic", &f->synthetic},
-                                      {"--chunks", &f->chunks},
-                                      {"--chunk-words", &f->chunk_words},
-                                      {"--max-new-tokens", &f->max_new_tokens},
-                                      {"--threads", &f->threads},
-                                      {"--kv-group-size", &f->kv_group_size}};
-  std::map<std::string, bool*> switches = {{"--record-selected", &f->record_selected},
-                                           {"--pareto", &f->pareto}};
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      *help = true;
-      return absl::OkStatus();
-    }
-    if (auto b = switches.find(arg); b != switches.end()) {
-      *b->second = true;
-      continue;
-    }
-    std::string name = arg, value;
-    bool has_value = false;
-    if (size_t eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      name = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-      has_value = true;
-    }
-    const bool known =
-        strings.count(name) || ints.count(name) || name == "--seed" || name == "--stale-share" ||
-        name == "--probe-factor";
-    if (!known) return absl::InvalidArgumentError(absl::StrCat("unknown flag ", arg));
-    if (!has_value) {
-      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(name, " needs a value"));
-      value = argv[++i];
-    }
-    if (auto s = strings.find(name); s != strings.end()) {
-      *s->second = value;
-    } else if (auto n = ints.find(name); n != ints.end()) {
-      if (!absl::SimpleAtoi(value, n->second)) {
-        return absl::InvalidArgumentError(absl::StrCat(name, ": not an integer: ", value));
-      }
-    } else if (name == "--probe-factor") {
-      if (!absl::SimpleAtod(value, &f->probe_factor)) {
-        return absl::InvalidArgumentError(absl::StrCat("--probe-factor: not a number: ", value));
-      }
-    } else if (name == "--stale-share") {
-      if (!absl::SimpleAtod(value, &f->stale_share)) {
-        return absl::InvalidArgumentError(absl::StrCat("--stale-share: not a number: ", value));
-      }
-    } else if (!absl::SimpleAtoi(value, &f->seed)) {
-      return absl::InvalidArgumentError(absl::StrCat("--seed: not an integer: ", value));
-    }
-  }
-  return absl::OkStatus();
+  flags.ints = {{"--synthetic", &f->synthetic},          {"--chunks", &f->chunks},
+                {"--chunk-words", &f->chunk_words},      {"--max-new-tokens", &f->max_new_tokens},
+                {"--threads", &f->threads},              {"--kv-group-size", &f->kv_group_size}};
+  flags.switches = {{"--record-selected", &f->record_selected}, {"--pareto", &f->pareto}};
+  flags.uint64s = {{"--seed", &f->seed}};
+  flags.doubles = {{"--stale-share", &f->stale_share}, {"--probe-factor", &f->probe_factor}};
+  return flags.Parse(argc, argv, help);
 }
 
 constexpr char kParetoRatios[] = "0.01,0.03,0.05,0.1,0.15,0.2,0.3,0.45,0.6";

@@ -25,6 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "engine/text/bpe_trainer.h"
+#include "engine/tools/flag_table.h"
 #include "engine/eval/eval_set.h"
 #include "engine/model/kv_cache.h"
 #include "engine/checkpoint/model_config.h"
@@ -735,7 +736,8 @@ const char kTrainUsage[] = R"(infoflow-train: train the engine's Model on synthe
 Usage: infoflow-train [flags]
 Data:
   --data synthetic          the only source (engine/eval/eval_set.h generator)
-  --tasks LIST              multihop,needle,coref,xref,split or all (default all); "mixed" =
+  --tasks LIST              multihop,needle,coref,xref,split,twohop or all (default all: the first
+                            five); "mixed" =
                             documents with several facts of every task and one question per fact
                             (eval_set.h GenerateTrainingDocument); "needles" = 1..6 needles, all
                             asked; repeat a name to weight it. xref training documents ask every
@@ -776,7 +778,8 @@ Output:
 
 absl::Status ParseTrainFlags(int argc, char** argv, TrainOptions* o, bool* help) {
   std::string tasks = "all", data = "synthetic";
-  std::map<std::string, int*> ints = {
+  FlagTable flags;
+  flags.ints = {
       {"--chunks", &o->chunks},         {"--min-chunks", &o->min_chunks},
       {"--curriculum-steps", &o->curriculum_steps},
       {"--chunk-words", &o->chunk_words}, {"--tokenizer-docs", &o->tokenizer_docs},
@@ -791,7 +794,7 @@ absl::Status ParseTrainFlags(int argc, char** argv, TrainOptions* o, bool* help)
       {"--workers", &o->workers},       {"--until", &o->until},
       {"--eval-docs", &o->eval_docs},   {"--save-every", &o->save_every},
       {"--log-every", &o->log_every}};
-  std::map<std::string, double*> doubles = {
+  flags.doubles = {
       {"--lr", &o->lr},
       {"--min-lr-ratio", &o->min_lr_ratio},
       {"--weight-decay", &o->weight_decay},
@@ -800,52 +803,15 @@ absl::Status ParseTrainFlags(int argc, char** argv, TrainOptions* o, bool* help)
       {"--answer-weight", &o->answer_weight},
       {"--gap-fraction", &o->gap_fraction},
       {"--rope-theta", &o->rope_theta}};
-  std::map<std::string, std::string*> strings = {
+  flags.strings = {
       {"--out", &o->out}, {"--tasks", &tasks}, {"--data", &data}, {"--init-from", &o->init_from}};
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      *help = true;
-      return absl::OkStatus();
-    }
-    if (arg == "--resume") {
-      o->resume = true;
-      continue;
-    }
-    if (arg == "--split-digits") {
-      o->max_digits = 1;
-      continue;
-    }
-    if (arg == "--tie-embeddings") {
-      o->tie_embeddings = true;
-      continue;
-    }
-    std::string name = arg, value;
-    bool has_value = false;
-    if (size_t eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      name = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-      has_value = true;
-    }
-    const bool known = ints.count(name) || doubles.count(name) || strings.count(name) ||
-                       name == "--seed";
-    if (!known) return absl::InvalidArgumentError("unknown flag " + arg);
-    if (!has_value) {
-      if (i + 1 >= argc) return absl::InvalidArgumentError(name + " needs a value");
-      value = argv[++i];
-    }
-    bool ok = true;
-    if (auto n = ints.find(name); n != ints.end()) {
-      ok = absl::SimpleAtoi(value, n->second);
-    } else if (auto d = doubles.find(name); d != doubles.end()) {
-      ok = absl::SimpleAtod(value, d->second);
-    } else if (auto s = strings.find(name); s != strings.end()) {
-      *s->second = value;
-    } else {
-      ok = absl::SimpleAtoi(value, &o->seed);
-    }
-    if (!ok) return absl::InvalidArgumentError(name + ": bad value '" + value + "'");
-  }
+  flags.uint64s = {{"--seed", &o->seed}};
+  bool split_digits = false;
+  flags.switches = {{"--resume", &o->resume},
+                    {"--split-digits", &split_digits},
+                    {"--tie-embeddings", &o->tie_embeddings}};
+  if (absl::Status s = flags.Parse(argc, argv, help); !s.ok() || *help) return s;
+  if (split_digits) o->max_digits = 1;
   if (data != "synthetic") return absl::InvalidArgumentError("--data: only 'synthetic' is supported");
   if (tasks == "all") {
     o->tasks = EvalTaskNames();
