@@ -217,18 +217,19 @@ int RunQuery(int argc, char** argv) {
   if (want_report) {
     const v1::StageTimings& t = report->stages();
     std::fprintf(stderr,
-                 "method %s  ttft %.2f ms  prefix %lld tokens (%s)  context %lld tokens  "
-                 "recomputed %lld  chunks hit %d miss %d  order [%s]  generated %d  stop %s\n"
+                 "method %s r %.2f  ttft %.2f ms  prefix %lld tokens (%s)  context %lld tokens  "
+                 "recomputed %lld  chunks hit %d (shared tier %d) miss %d  order [%s]  "
+                 "generated %d  stop %s\n"
                  "stages ms: fetch %.2f reposition %.2f score %.2f select %.2f reorder %.2f "
                  "recompute %.2f prompt %.2f first_token %.2f decode %.2f\n",
-                 v1::Method_Name(report->method()).c_str() + 7, report->ttft_ms(),
+                 v1::Method_Name(report->method()).c_str() + 7, report->ratio(), report->ttft_ms(),
                  static_cast<long long>(report->prefix_tokens()),
                  report->prefix_key().empty() ? "bos/none"
                  : report->prefix_cached()    ? "from store"
                                               : "prefilled",
                  static_cast<long long>(report->context_tokens()),
                  static_cast<long long>(report->recomputed_tokens()), report->chunk_hits(),
-                 report->chunk_misses(), absl::StrJoin(report->chunk_order(), ",").c_str(),
+                 report->chunk_remote_hits(), report->chunk_misses(), absl::StrJoin(report->chunk_order(), ",").c_str(),
                  report->generated_tokens(), report->stop_reason().c_str(), t.fetch_ms(),
                  t.reposition_ms(), t.score_ms(), t.select_ms(), t.reorder_ms(), t.recompute_ms(),
                  t.prompt_ms(), t.first_token_ms(), t.decode_ms());

@@ -409,6 +409,7 @@ grpc::Status QueryService::Query(grpc::ServerContext* ctx, const v1::QueryReques
         for (int i : out->chunk_order) r->add_chunk_order(i);
         for (const std::string& k : out->chunk_keys) r->add_chunk_keys(k);
         r->set_method(FromMethod(spec.method));
+        r->set_ratio(MethodUsesRatio(spec.method) ? spec.ratio : 0.0);
         r->set_stop_reason(out->stop_reason);
         r->set_generated_tokens(static_cast<int32_t>(out->generated_tokens));
         r->set_text(out->text);
@@ -423,9 +424,10 @@ grpc::Status QueryService::Query(grpc::ServerContext* ctx, const v1::QueryReques
   }
   const bool ran = out.ok();
   LogLine(absl::StrFormat(
-      "rpc=Query method=%s n_chunks=%d context_tokens=%d recomputed=%d hits=%d misses=%d "
-      "generated=%d ttft_ms=%.2f status=%s",
-      s.ok() || ran ? MethodName(spec.method) : "-", req->chunks_size(),
+      "rpc=Query method=%s ratio=%g n_chunks=%d context_tokens=%d recomputed=%d hits=%d "
+      "misses=%d generated=%d ttft_ms=%.2f status=%s",
+      s.ok() || ran ? MethodName(spec.method) : "-",
+      (s.ok() || ran) && MethodUsesRatio(spec.method) ? spec.ratio : 0.0, req->chunks_size(),
       ran ? out->context_tokens : 0, ran ? out->recomputed_tokens : 0, ran ? out->chunk_hits : 0,
       ran ? out->chunk_misses : 0, ran ? out->generated_tokens : 0, ran ? out->ttft_ms : 0.0,
       CodeName(s.error_code())));

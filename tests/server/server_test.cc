@@ -325,6 +325,37 @@ TEST_F(ServerTest, EveryMethodStreamsTokensThenReport) {
     if (m == v1::METHOD_NONE) {
       EXPECT_EQ(r.recomputed_tokens(), 0);
     }
+    const bool uses_ratio = m != v1::METHOD_FULL && m != v1::METHOD_NONE && m != v1::METHOD_EPIC;
+    EXPECT_EQ(r.ratio(), uses_ratio ? 0.3 : 0.0);
+  }
+}
+
+// A request that names no method gets the server default, INFOFLOW_BLEND,
+// at its default r = 0.05; a method without a ratio gets its own default.
+TEST_F(ServerTest, UnsetMethodAndRatioGetTheDefaults) {
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  std::vector<std::string> keys = IngestKeys();
+  struct Case {
+    v1::Method asked, ran;
+    double ratio;
+  };
+  for (const Case& c : {Case{v1::METHOD_UNSPECIFIED, v1::METHOD_INFOFLOW_BLEND, 0.05},
+                        Case{v1::METHOD_INFOFLOW_BLEND, v1::METHOD_INFOFLOW_BLEND, 0.05},
+                        Case{v1::METHOD_INFOFLOW, v1::METHOD_INFOFLOW, 0.15},
+                        Case{v1::METHOD_CACHEBLEND, v1::METHOD_CACHEBLEND, 0.15}}) {
+    SCOPED_TRACE(v1::Method_Name(c.asked));
+    v1::QueryRequest req = QueryByKeys(keys, c.asked);
+    req.clear_ratio();
+    QueryCall call = RunQueryRpc(h_.query.get(), req);
+    ASSERT_TRUE(call.status.ok()) << call.status.error_message();
+    ASSERT_TRUE(call.has_report);
+    EXPECT_EQ(call.report.method(), c.ran);
+    EXPECT_EQ(call.report.ratio(), c.ratio);
+    // The budget is floor(r * context tokens), first chunk excluded only
+    // when that leaves fewer eligible.
+    EXPECT_LE(call.report.recomputed_tokens(),
+              static_cast<int64_t>(c.ratio * call.report.context_tokens()));
+    EXPECT_GT(call.report.recomputed_tokens(), 0);
   }
 }
 
