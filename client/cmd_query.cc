@@ -218,7 +218,7 @@ int RunQuery(int argc, char** argv) {
     const v1::StageTimings& t = report->stages();
     std::fprintf(stderr,
                  "method %s r %.2f  ttft %.2f ms  prefix %lld tokens (%s)  context %lld tokens  "
-                 "recomputed %lld  chunks hit %d (shared tier %d) miss %d  order [%s]  "
+                 "recomputed %lld  chunks hit %d miss %d (shared tier %d)  order [%s]  "
                  "generated %d  stop %s\n"
                  "stages ms: fetch %.2f reposition %.2f score %.2f select %.2f reorder %.2f "
                  "recompute %.2f prompt %.2f first_token %.2f decode %.2f\n",
@@ -229,7 +229,7 @@ int RunQuery(int argc, char** argv) {
                                               : "prefilled",
                  static_cast<long long>(report->context_tokens()),
                  static_cast<long long>(report->recomputed_tokens()), report->chunk_hits(),
-                 report->chunk_remote_hits(), report->chunk_misses(), absl::StrJoin(report->chunk_order(), ",").c_str(),
+                 report->chunk_misses(), report->chunk_remote_hits(), absl::StrJoin(report->chunk_order(), ",").c_str(),
                  report->generated_tokens(), report->stop_reason().c_str(), t.fetch_ms(),
                  t.reposition_ms(), t.score_ms(), t.select_ms(), t.reorder_ms(), t.recompute_ms(),
                  t.prompt_ms(), t.first_token_ms(), t.decode_ms());
