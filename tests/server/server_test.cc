@@ -911,6 +911,7 @@ TEST_F(ServerTest, BusyServerAnswersResourceExhausted) {
 TEST_F(ServerTest, SixteenConcurrentQueriesEqualTheirSoloRuns) {
   h_.options.workers = 16;
   h_.options.queue_depth = 16;
+  h_.options.max_new_tokens = 1000;
   ASSERT_NO_FATAL_FAILURE(h_.Start());
   std::vector<std::string> keys = IngestKeys();
   {
@@ -972,6 +973,34 @@ TEST_F(ServerTest, SixteenConcurrentQueriesEqualTheirSoloRuns) {
     stopped_by_string += solo[i].report.stop_reason() == "stop_string";
   }
   EXPECT_GE(stopped_by_string, 1);
+  // Whether the 16 overlapped in their decode phase depends on timing (each
+  // may finish decoding within the next one's prefill), so batching itself
+  // is shown on a pair that must overlap: B runs start to end while A, a
+  // 400-token sampled generation (a seed whose solo run does not meet the
+  // end-of-sequence token), is decoding.
+  v1::QueryRequest a = QueryByKeys({keys[0]}, v1::METHOD_NONE);
+  a.set_max_new_tokens(400);
+  a.mutable_sampling()->set_temperature(1.0);
+  bool long_enough = false;
+  for (uint64_t seed = 1; seed <= 30 && !long_enough; ++seed) {
+    a.mutable_sampling()->set_seed(seed);
+    const QueryCall a_solo = RunQueryRpc(h_.query.get(), a);
+    ASSERT_TRUE(a_solo.status.ok()) << a_solo.status.error_message();
+    long_enough = a_solo.report.stop_reason() == "max_tokens";
+  }
+  ASSERT_TRUE(long_enough) << "no seed in 1..30 gives 400 tokens without EOS";
+  {
+    grpc::ClientContext ctx;
+    auto reader = h_.query->Query(&ctx, a);
+    v1::QueryResponse msg;
+    ASSERT_TRUE(reader->Read(&msg));  // A is decoding
+    const QueryCall b = RunQueryRpc(h_.query.get(), reqs[0]);
+    EXPECT_TRUE(b.status.ok()) << b.status.error_message();
+    EXPECT_EQ(b.ids, solo[0].ids);
+    while (reader->Read(&msg)) {
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+  }
   if (!HaveTool("curl")) GTEST_SKIP() << "curl not installed (batch size not checked)";
   const std::string body = RunCommand("curl -sf http://127.0.0.1:" +
                                       std::to_string(h_.server->metrics_port()) + "/metrics");
