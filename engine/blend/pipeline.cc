@@ -263,9 +263,7 @@ absl::StatusOr<BlendedContext> BuildContext(const Model& model, const QueryInput
       }
       at::Tensor layer1_input = probe_input;
       if (!extra.empty()) {
-        at::Tensor extra_input;
-        (void)Layer1DeviationAtLayerZeroCost(model, &ctx.cache, slot_ids, slots_of(extra),
-                                             options.deviation, &extra_input);
+        at::Tensor extra_input = LayerZeroOutput(model, &ctx.cache, slot_ids, slots_of(extra));
         for (size_t j = 0; j < extra.size(); ++j) {
           row_of[extra[j]] = static_cast<int64_t>(probe_ctx.size() + j);
         }

@@ -83,6 +83,15 @@ std::vector<int64_t> CacheBlendRecompute(const Model& model, KvCache* cache,
   return chosen;
 }
 
+at::Tensor LayerZeroOutput(const Model& model, KvCache* cache, const std::vector<int32_t>& slot_ids,
+                           const std::vector<int64_t>& slots) {
+  at::Tensor slot_t = SlotTensor(model, slots);
+  at::Tensor positions = cache->positions().index_select(0, slot_t);
+  auto rope = model.RopeTables(positions);
+  return model.Layer(0, model.Embed(IdsOf(model, slot_ids, slots)), positions, rope, slot_t,
+                     cache);
+}
+
 at::Tensor Layer1DeviationAtLayerZeroCost(const Model& model, KvCache* cache,
                                           const std::vector<int32_t>& slot_ids,
                                           const std::vector<int64_t>& slots, Deviation deviation,
@@ -93,8 +102,7 @@ at::Tensor Layer1DeviationAtLayerZeroCost(const Model& model, KvCache* cache,
   at::Tensor slot_t = SlotTensor(model, slots);
   at::Tensor positions = cache->positions().index_select(0, slot_t);
   auto rope = model.RopeTables(positions);
-  at::Tensor h = model.Embed(IdsOf(model, slot_ids, slots));
-  h = model.Layer(0, h, positions, rope, slot_t, cache);
+  at::Tensor h = LayerZeroOutput(model, cache, slot_ids, slots);
   *layer1_input = h;
   if (model.n_layers() < 2) return zeros;
   auto [k, v] = model.LayerKv(1, h, rope);

@@ -46,6 +46,12 @@ std::vector<int64_t> CacheBlendRecompute(const Model& model, KvCache* cache,
                                          int64_t end, int64_t k, Deviation deviation,
                                          Layer1Update update = Layer1Update::kAll);
 
+// Layer 0's output [|slots|, d] for the cache slots `slots` (sorted), the
+// input RecomputeTokens needs to start at layer 1. Layer 0's K/V depend only
+// on token and position, so the cache is left as it was.
+at::Tensor LayerZeroOutput(const Model& model, KvCache* cache, const std::vector<int32_t>& slot_ids,
+                           const std::vector<int64_t>& slots);
+
 // INFOFLOW_BLEND's staleness signal at one layer's cost: runs layer 0 for
 // the cache slots `slots` (sorted; layer 0 K/V depend only on token and
 // position, so the cache is left as it was) and projects layer 1's K/V from

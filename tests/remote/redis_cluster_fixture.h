@@ -29,22 +29,41 @@
 
 namespace infoflow::testing {
 
+// A TCP socket bound to an ephemeral port on 127.0.0.1; with `backlog` > 0
+// also listening (the kernel then accepts connections from the backlog even
+// though nobody ever answers: a silent node). fd -1 on failure; the caller
+// closes fd.
+struct LoopbackSocket {
+  int fd = -1;
+  int port = 0;
+  std::string address() const { return "127.0.0.1:" + std::to_string(port); }
+};
+inline LoopbackSocket BindLoopback(int backlog = 0) {
+  LoopbackSocket s;
+  s.fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (s.fd < 0 || bind(s.fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      (backlog > 0 && listen(s.fd, backlog) != 0) ||
+      getsockname(s.fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (s.fd >= 0) close(s.fd);
+    return LoopbackSocket{};
+  }
+  s.port = ntohs(a.sin_port);
+  return s;
+}
+
 // `n` distinct free TCP ports on 127.0.0.1 (all bound at once, then freed).
 inline std::vector<int> FreePorts(int n) {
-  std::vector<int> fds, ports;
-  for (int i = 0; i < n; ++i) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = 0;
-    bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    socklen_t len = sizeof a;
-    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    fds.push_back(fd);
-    ports.push_back(ntohs(a.sin_port));
+  std::vector<LoopbackSocket> held;
+  for (int i = 0; i < n; ++i) held.push_back(BindLoopback());
+  std::vector<int> ports;
+  for (const LoopbackSocket& s : held) {
+    ports.push_back(s.port);
+    if (s.fd >= 0) close(s.fd);
   }
-  for (int fd : fds) close(fd);
   return ports;
 }
 

@@ -246,21 +246,15 @@ TEST(RedisClusterTest, CircuitBreakerBoundsTheDelayOfADeadCluster) {
 TEST(RedisClusterTest, TimeoutOnASilentNodeIsBounded) {
   // A socket that accepts (the kernel does, from the backlog) but never
   // answers: every command times out.
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(listen(fd, 64), 0);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const infoflow::testing::LoopbackSocket silent = infoflow::testing::BindLoopback(/*backlog=*/64);
+  ASSERT_GE(silent.fd, 0);
   RedisClusterOptions o;
   o.timeout = std::chrono::milliseconds(100);
   o.max_attempts = 2;
   o.breaker_threshold = 2;
   o.breaker_cooldown = std::chrono::seconds(30);
   const auto t_create = Clock::now();
-  auto c = Connect({"127.0.0.1:" + std::to_string(ntohs(a.sin_port))}, o);
+  auto c = Connect({silent.address()}, o);
   ASSERT_NE(c, nullptr);
   EXPECT_LT(MsSince(t_create), 400) << "the initial slot map load is bounded too";
   const auto t0 = Clock::now();
@@ -274,7 +268,7 @@ TEST(RedisClusterTest, TimeoutOnASilentNodeIsBounded) {
   const auto t1 = Clock::now();
   EXPECT_FALSE(c->Get("k").ok());
   EXPECT_LT(MsSince(t1), 20);
-  close(fd);
+  close(silent.fd);
 }
 
 TEST(RedisClusterTest, AuthFromOptions) {

@@ -295,15 +295,9 @@ double Median(std::vector<double> v) {
 TEST(SharedTierServerTest, UnreachableClusterAddsBoundedTtft) {
   // At start: the only seed accepts connections but never answers (worse
   // than a refused connection: every attempt runs into the timeout).
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  ASSERT_EQ(listen(fd, 128), 0);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  const std::string silent = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  const testing::LoopbackSocket silent_node = testing::BindLoopback(/*backlog=*/128);
+  ASSERT_GE(silent_node.fd, 0);
+  const std::string silent = silent_node.address();
 
   TempDir dl("dead_local"), dr("dead_remote");
   ServerProcess local(ServerBin(), ModelDir(), dl.path + "/kv", dl.path + "/log",
@@ -336,7 +330,7 @@ TEST(SharedTierServerTest, UnreachableClusterAddsBoundedTtft) {
   EXPECT_LT(Median(with_dead), Median(base) + 30);
   EXPECT_LT(worst, Median(base) + 600);
   EXPECT_EQ(PromValue(dead.Metrics(), "infoflow_remote_circuit_state"), 1);
-  close(fd);
+  close(silent_node.fd);
 
   // Mid-run: a live cluster dies (every node SIGKILLed) under a running
   // server; it keeps answering from local tiers and by recomputing.
