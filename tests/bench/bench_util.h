@@ -44,6 +44,15 @@ inline std::vector<int64_t> ParseList(const std::string& s) {
   return out;
 }
 
+// Plain English words the benchmarks build chunk text from.
+inline const char* const kWords[] = {
+    "the",     "river",   "lamp",    "garden",   "copper",  "window", "orange",  "street",
+    "quiet",   "north",   "bridge",  "winter",   "letter",  "silver", "market",  "forest",
+    "engine",  "paper",   "yellow",  "harbor",   "candle",  "stone",  "village", "morning",
+    "teacher", "kitchen", "mountain", "story",   "little",  "green",  "happy",   "friend",
+    "walked",  "found",   "under",   "between",  "and",     "a",      "of",      "with"};
+inline constexpr size_t kNumWords = sizeof kWords / sizeof kWords[0];
+
 // The benchmarks' model: a generated 6-layer, 512-wide LLaMA (GQA 8/4,
 // SwiGLU 1408, vocab 2048, 32K positions), written once to `dir` (kept
 // between runs; same spec => same bytes).

@@ -55,10 +55,6 @@ using Clock = std::chrono::steady_clock;
 using bench::Median;
 using bench::Ms;
 
-const char* const kVocab[] = {"river", "lamp", "garden", "copper", "window", "orange", "street",
-                              "quiet", "north", "bridge", "winter", "letter", "silver", "market",
-                              "forest", "engine", "paper", "yellow", "harbor", "candle", "stone",
-                              "village", "morning", "teacher", "kitchen", "mountain", "story"};
 
 // Text of about `tokens` tokens under `tok`, distinct per seed.
 std::string TextOfTokens(const Tokenizer& tok, int64_t tokens, uint32_t seed) {
@@ -68,7 +64,7 @@ std::string TextOfTokens(const Tokenizer& tok, int64_t tokens, uint32_t seed) {
     for (int i = 0; i < 16; ++i) {
       x ^= x << 13, x ^= x >> 17, x ^= x << 5;
       t += " ";
-      t += kVocab[x % (sizeof kVocab / sizeof kVocab[0])];
+      t += bench::kWords[x % bench::kNumWords];
     }
   }
   return t;

@@ -71,12 +71,6 @@ using bench::Ms;
 using bench::ParseList;
 using bench::Quantile;
 
-const char* kWords[] = {
-    "the",     "river",   "lamp",    "garden",   "copper",  "window", "orange",  "street",
-    "quiet",   "north",   "bridge",  "winter",   "letter",  "silver", "market",  "forest",
-    "engine",  "paper",   "yellow",  "harbor",   "candle",  "stone",  "village", "morning",
-    "teacher", "kitchen", "mountain", "story",   "little",  "green",  "happy",   "friend",
-    "walked",  "found",   "under",   "between",  "and",     "a",      "of",      "with"};
 
 std::string Words(int n, uint32_t seed) {
   std::string t;
@@ -84,7 +78,7 @@ std::string Words(int n, uint32_t seed) {
   for (int i = 0; i < n; ++i) {
     x ^= x << 13, x ^= x >> 17, x ^= x << 5;
     if (i) t += (i % 17 == 16) ? ". " : " ";
-    t += kWords[x % (sizeof kWords / sizeof kWords[0])];
+    t += bench::kWords[x % bench::kNumWords];
   }
   return t + ".";
 }
