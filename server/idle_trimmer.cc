@@ -9,9 +9,10 @@
 namespace infoflow::server {
 
 IdleTrimmer::IdleTrimmer(std::function<bool()> idle, std::function<uint64_t()> activity,
-                         std::chrono::milliseconds period)
+                         std::chrono::milliseconds period, std::function<void()> before_trim)
     : idle_(std::move(idle)),
       activity_(std::move(activity)),
+      before_trim_(std::move(before_trim)),
       period_(period),
       thread_([this] { Loop(); }) {}
 
@@ -35,6 +36,7 @@ void IdleTrimmer::Loop() {
     seen = now;
     if (!quiet || trimmed_this_spell) continue;
     trimmed_this_spell = true;
+    if (before_trim_) before_trim_();
 #if defined(__GLIBC__)
     malloc_trim(0);
     trims_.fetch_add(1, std::memory_order_relaxed);

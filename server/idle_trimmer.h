@@ -9,7 +9,11 @@
 // there (measured: 194 -> 308 MiB over a table of bad requests with two
 // 65 MiB messages, flat from then on; allocator retention, not a leak).
 // malloc_trim(0) returns every free page. It runs once per idle spell: when
-// no request has run or waited for a whole period. A server serving
+// no request has run or waited for a whole period. The engine's large
+// buffers live outside the heap, in its buffer pool
+// (engine/model/buffer_pool.h), which the trim does not touch, so the next
+// query finds its buffers resident (docs/DESIGN.md §14); a second trimmer
+// with a long period empties the pool through `before_trim`. A server serving
 // back-to-back requests never trims, so their buffers are not faulted in
 // again (page faults are expensive on small VMs; see server/main.cc).
 //
@@ -31,10 +35,11 @@ class IdleTrimmer {
  public:
   // Checks every `period`: trims the heap when `idle()` holds and
   // `activity()` (a counter of admitted requests) did not move since the
-  // previous check, at most once per value of `activity()`. A no-op thread
-  // on non-glibc builds.
+  // previous check, at most once per value of `activity()`. `before_trim`
+  // (may be empty) runs right before each trim. The heap trim is a no-op on
+  // non-glibc builds.
   IdleTrimmer(std::function<bool()> idle, std::function<uint64_t()> activity,
-              std::chrono::milliseconds period);
+              std::chrono::milliseconds period, std::function<void()> before_trim = {});
   ~IdleTrimmer();
   IdleTrimmer(const IdleTrimmer&) = delete;
   IdleTrimmer& operator=(const IdleTrimmer&) = delete;
@@ -47,6 +52,7 @@ class IdleTrimmer {
 
   std::function<bool()> idle_;
   std::function<uint64_t()> activity_;
+  std::function<void()> before_trim_;
   const std::chrono::milliseconds period_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -11,9 +11,11 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 #include <pthread.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstddef>  // defines __GLIBC__
 #include <utility>
 #include <exception>
@@ -22,6 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cache_store/chunk_store.h"
+#include "engine/model/buffer_pool.h"
 
 // Minimum stack for threads created with an explicit stack size. Why: the
 // Exposer runs on civetweb, and Debian's libcivetweb.so.1 creates its threads
@@ -130,10 +133,59 @@ class LiveCollector : public prometheus::Collectable {
     }
     out.push_back(std::move(heap));
 #endif
+    AddBufferPool(&out);
     return out;
   }
 
  private:
+  // The engine's large-buffer pool (engine/model/buffer_pool.h) and the
+  // process's resident set: the pool keeps query buffers resident within
+  // --pool-retain-mb, the idle trim returns the rest (docs/DESIGN.md §14).
+  static void AddBufferPool(std::vector<prometheus::MetricFamily>* out) {
+    auto family = [&](const char* name, const char* help, prometheus::MetricType type,
+                      std::vector<std::pair<const char*, double>> values) {
+      prometheus::MetricFamily f;
+      f.name = name;
+      f.help = help;
+      f.type = type;
+      for (auto& [l, v] : values) {
+        prometheus::ClientMetric m;
+        if (l[0] != '\0') m.label.push_back({"state", l});
+        if (type == prometheus::MetricType::Counter) m.counter.value = v;
+        else m.gauge.value = v;
+        f.metric.push_back(std::move(m));
+      }
+      out->push_back(std::move(f));
+    };
+    using T = prometheus::MetricType;
+    if (const LargeBufferPool* pool = ActiveBufferPool()) {
+      const BufferPoolStats st = pool->stats();
+      family("infoflow_buffer_pool_bytes",
+             "Engine buffer pool: bytes held by live tensors (in_use) and freed but kept "
+             "resident for reuse (cached).",
+             T::Gauge,
+             {{"in_use", static_cast<double>(st.in_use_bytes)},
+              {"cached", static_cast<double>(st.cached_bytes)}});
+      family("infoflow_buffer_pool_alloc_bytes_total",
+             "Engine buffer pool: bytes handed out from newly mapped blocks (fresh: page "
+             "faults on first touch) or from reused resident blocks (reused).",
+             T::Counter,
+             {{"fresh", static_cast<double>(st.fresh_bytes)},
+              {"reused", static_cast<double>(st.reused_bytes)}});
+      family("infoflow_buffer_pool_unmapped_bytes_total",
+             "Engine buffer pool: bytes returned to the OS (over the retain budget, or trimmed "
+             "while idle).",
+             T::Counter, {{"", static_cast<double>(st.unmapped_bytes)}});
+    }
+    long pages = 0, resident = 0;
+    if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+      std::fclose(f);
+    }
+    family("infoflow_process_resident_bytes", "Resident set size of the server process.",
+           T::Gauge, {{"", static_cast<double>(resident) * static_cast<double>(getpagesize())}});
+  }
+
   // The shared tier (Redis Cluster): exported only when configured.
   void AddRemote(std::vector<prometheus::MetricFamily>* out) const {
     auto load = [](const auto& a) { return static_cast<double>(a.load(std::memory_order_relaxed)); };

@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "cache_store/chunk_store.h"
 #include "engine/chunk/chunk_codec.h"
+#include "engine/model/buffer_pool.h"
 #include "engine/model/model.h"
 #include "engine/model/runtime.h"
 #include "engine/model/test_model.h"
@@ -49,6 +51,7 @@ struct InfoflowServer::State {
   // has no call left.
   std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<IdleTrimmer> trimmer;  // after the scheduler: stops before it goes
+  std::unique_ptr<IdleTrimmer> pool_releaser;
   ServiceDeps deps;
   std::unique_ptr<IngestService> ingest;
   std::unique_ptr<QueryService> query;
@@ -65,6 +68,7 @@ InfoflowServer::~InfoflowServer() {
   s_->server.reset();
   // No call is left: stop the engine threads before the metrics they report into go.
   s_->trimmer.reset();
+  s_->pool_releaser.reset();
   s_->scheduler.reset();
 }
 
@@ -182,11 +186,22 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
   so_sched.max_batch_tokens = options.max_batch_tokens;
   s->scheduler =
       std::make_unique<Scheduler>(s->model.get(), s->runner.get(), s->metrics.get(), so_sched);
+  LargeBufferPool* pool = ActiveBufferPool();  // installed by InitTorchRuntime
+  if (pool != nullptr) pool->set_retain_bytes(static_cast<size_t>(options.pool_retain_mb) << 20);
+  Scheduler* sched = s->scheduler.get();
   if (options.idle_trim_ms > 0) {
-    Scheduler* sched = s->scheduler.get();
-    s->trimmer = std::make_unique<IdleTrimmer>([sched] { return sched->idle(); },
-                                               [sched] { return sched->admitted(); },
-                                               std::chrono::milliseconds(options.idle_trim_ms));
+    // Idle: the heap gives every free page back; the pool's blocks (at most
+    // --pool-retain-mb) stay resident, so the next query does not fault its
+    // buffers in again (docs/DESIGN.md §14).
+    s->trimmer = std::make_unique<IdleTrimmer>(
+        [sched] { return sched->idle(); }, [sched] { return sched->admitted(); },
+        std::chrono::milliseconds(options.idle_trim_ms));
+  }
+  if (options.pool_idle_release_s > 0 && pool != nullptr) {
+    // A long idle spell: the pool returns its cached blocks too.
+    s->pool_releaser = std::make_unique<IdleTrimmer>(
+        [sched] { return sched->idle(); }, [sched] { return sched->admitted(); },
+        std::chrono::seconds(options.pool_idle_release_s), [pool] { pool->Trim(0); });
   }
 
   ServiceDeps& d = s->deps;

@@ -59,7 +59,13 @@ const char kServerUsage[] =
     "                          quantized in groups (keys per channel, values per token)\n"
     "  --kv-group-size N       elements per quantization group (default 64)\n"
     "  --idle-trim-ms N        return freed memory to the OS once the server has been idle\n"
-    "                          for N ms (default 1000; 0 = never)\n"
+    "                          for N ms (default 1000; 0 = never); the engine's buffer pool\n"
+    "                          (--pool-retain-mb) stays resident\n"
+    "  --pool-retain-mb N      freed query buffers (K/V, activations) kept resident for the\n"
+    "                          next query, at most N MiB (default 2048; 0 = none, every\n"
+    "                          query maps and faults its buffers afresh)\n"
+    "  --pool-idle-release-s N after N s without a request the pool returns its buffers\n"
+    "                          to the OS too (default 300; 0 = never)\n"
     "  --remote-redis H:P[,H:P...]\n"
     "                          shared chunk-KV tier: seed nodes of a Redis Cluster that every\n"
     "                          replica reads (after RAM and disk miss) and writes through to\n"
@@ -116,6 +122,8 @@ absl::Status Apply(ServerOptions* o, const std::string& name, const std::string&
   else if (name == "kv-codec") o->kv_codec = value;  // checked with the group size below
   else if (name == "kv-group-size") return num(&o->kv_group_size, 1);
   else if (name == "idle-trim-ms") return num(&o->idle_trim_ms, 0);
+  else if (name == "pool-retain-mb") return num(&o->pool_retain_mb, 0);
+  else if (name == "pool-idle-release-s") return num(&o->pool_idle_release_s, 0);
   else if (name == "remote-redis") {
     if (!value.empty()) {
       if (absl::StatusOr<std::vector<std::string>> s = store::ParseRedisSeeds(value); !s.ok()) {

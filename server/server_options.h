@@ -62,6 +62,13 @@ struct ServerOptions {
   // Return freed heap memory to the OS once no request has run or waited
   // for this long (server/idle_trimmer.h); 0 = never.
   int idle_trim_ms = 1000;
+  // The engine's large-buffer pool keeps at most this many MiB of freed query
+  // buffers resident for the next query, through idle trims too
+  // (engine/model/buffer_pool.h, docs/DESIGN.md §14); 0 = keep none.
+  int64_t pool_retain_mb = 2048;
+  // After this long without a request the pool returns its cached blocks
+  // too (the next query then maps and faults its buffers afresh); 0 = never.
+  int pool_idle_release_s = 300;
   // Shared chunk-KV tier on a Redis Cluster (docs/DESIGN.md §13): seed
   // nodes "host:port[,host:port...]"; empty = off (local tiers only).
   std::string remote_redis;

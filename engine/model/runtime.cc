@@ -10,6 +10,8 @@
 #include <mutex>
 #include <thread>
 
+#include "engine/model/buffer_pool.h"
+
 namespace infoflow {
 
 std::string LoadedBlasLibrary() {
@@ -64,6 +66,10 @@ void InitTorchRuntime(int threads) {
     // Keep freed memory in the heap instead.
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    // Tensors of 128 KiB and more come from the buffer pool instead, which a
+    // heap trim (the server's idle trimmer) leaves resident: see
+    // buffer_pool.h.
+    InstallLargeBufferPool();
     if (UsingReferenceBlas()) {
       std::fprintf(stderr,
                    "WARNING: libtorch is using the reference BLAS (%s), ~50x slower than "

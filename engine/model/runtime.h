@@ -10,7 +10,9 @@ namespace infoflow {
 // threads do the matmuls on `threads` cores and torch's intra-op pool keeps
 // one thread (the two pools on the same cores fight); otherwise torch's pool
 // gets `threads`. Must run before the first oneDNN op: raising it later
-// leaves bf16 kernels slow. Idempotent (the first call wins).
+// leaves bf16 kernels slow. Also installs the large-buffer pool as torch's
+// CPU allocator (buffer_pool.h, default options). Idempotent (the first call
+// wins).
 void InitTorchRuntime(int threads = 0);
 
 // openblas_set_num_threads(threads) when OpenBLAS is loaded; false (and
