@@ -113,7 +113,7 @@ absl::StatusOr<ResolvedPrefix> ChunkResolver::ResolvePrefix(
       });
   if (!res.ok()) return res.status();
   absl::StatusOr<std::shared_ptr<const ChunkKv>> kv =
-      DecodeChunkRecord(*model_, res->value->record(), PrefixMode::kNone);
+      DecodeChunkRecord(*model_, res->value->record(), PrefixMode::kNone, res->value);
   if (!kv.ok()) {
     return absl::Status(kv.status().code(), absl::StrCat("prefix: ", kv.status().message()));
   }
@@ -154,7 +154,7 @@ absl::StatusOr<ResolvedChunks> ChunkResolver::Resolve(const std::vector<ChunkRef
       continue;
     }
     absl::StatusOr<std::shared_ptr<const ChunkKv>> kv =
-        DecodeChunkRecord(*model_, got[j]->value->record(), mode);
+        DecodeChunkRecord(*model_, got[j]->value->record(), mode, got[j]->value);
     if (!kv.ok()) {
       return absl::Status(kv.status().code(), absl::StrCat("chunks[", i, "]: ", kv.status().message()));
     }
@@ -215,7 +215,7 @@ absl::StatusOr<ResolvedChunks> ChunkResolver::Resolve(const std::vector<ChunkRef
                   /*just_missed=*/true);
     if (!res.ok()) return res.status();
     absl::StatusOr<std::shared_ptr<const ChunkKv>> kv =
-        DecodeChunkRecord(*model_, res->value->record(), mode);
+        DecodeChunkRecord(*model_, res->value->record(), mode, res->value);
     if (!kv.ok()) {
       return absl::Status(kv.status().code(), absl::StrCat(field, ": ", kv.status().message()));
     }

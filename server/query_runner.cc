@@ -196,6 +196,7 @@ absl::StatusOr<std::unique_ptr<PrefilledQuery>> QueryRunner::Prefill(
   input.chunk_prefix_mode = spec.prefix_mode;
   input.question_ids = spec.question_ids;
   input.prompt_ids = spec.prompt_ids;
+  input.decode_reserve = spec.max_new_tokens;
 
   MethodOptions options;
   options.method = spec.method;

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <numeric>
@@ -105,6 +106,18 @@ absl::StatusOr<BlendedContext> BuildContext(const Model& model, const QueryInput
   ctx.next_position = n_prefix + n_ctx;
   ForwardOptions no_logits;
   no_logits.logits = ForwardOptions::Logits::kNone;
+  // One allocation for everything this query will put in the cache: the
+  // context, the question while scoring, the prompt and the answer. Growing
+  // by doubling would copy the whole cache at each step (several times over
+  // while chunks are appended, once more for the prompt).
+  const auto& cfg = model.config();
+  const int64_t after_context =
+      std::max(static_cast<int64_t>(input.question_ids.size()),  // while scoring
+               static_cast<int64_t>(input.prompt_ids.size()) +
+                   std::max<int64_t>(0, input.decode_reserve));
+  ctx.cache.Reserve(n_prefix + n_ctx + after_context,
+                    cfg.num_key_value_heads, cfg.head_dim,
+                    at::TensorOptions().dtype(model.dtype()).device(model.device()));
 
   if (options.method == Method::kFull) {
     // The exactness reference: no reuse at all.
@@ -303,7 +316,9 @@ absl::StatusOr<QueryResult> RunQuery(const Model& model, const Tokenizer* tokeni
                                      const QueryInput& input, const MethodOptions& options,
                                      const DecodeOptions& decode, const TokenCallback& on_token) {
   Stopwatch total;
-  absl::StatusOr<BlendedContext> ctx = BuildContext(model, input, options);
+  QueryInput sized = input;
+  sized.decode_reserve = std::max<int64_t>(input.decode_reserve, decode.max_new_tokens);
+  absl::StatusOr<BlendedContext> ctx = BuildContext(model, sized, options);
   if (!ctx.ok()) return ctx.status();
   QueryResult result;
   Stopwatch prompt;

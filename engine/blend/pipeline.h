@@ -49,6 +49,9 @@ struct QueryInput {
   std::vector<int32_t> question_ids;
   // What is prefilled after the context before decoding: template + question.
   std::vector<int32_t> prompt_ids;
+  // Tokens the caller will decode into the cache (max_new_tokens): the
+  // cache is sized for them up front, so it never grows (and copies) later.
+  int64_t decode_reserve = 0;
 };
 
 struct StageTimings {

@@ -155,9 +155,9 @@ absl::StatusOr<std::string> EncodeChunkRecord(const Model& model, const ChunkKv&
   return std::move(*builder).Finish();
 }
 
-absl::StatusOr<std::shared_ptr<const ChunkKv>> DecodeChunkRecord(const Model& model,
-                                                                 const store::KvRecord& record,
-                                                                 PrefixMode mode) {
+absl::StatusOr<std::shared_ptr<const ChunkKv>> DecodeChunkRecord(
+    const Model& model, const store::KvRecord& record, PrefixMode mode,
+    std::shared_ptr<const void> owner) {
   const Geometry g = GeometryOf(model);
   const store::KvRecordHeader& h = record.header;
   absl::StatusOr<store::KvDtype> dtype = StoreDtypeFor(model);
@@ -196,6 +196,13 @@ absl::StatusOr<std::shared_ptr<const ChunkKv>> DecodeChunkRecord(const Model& mo
         t = DequantizeSection(src, g.n_kv_heads, n, g.head_dim,
                               SpecFor(h, which == 0 ? QuantAxis::kTokens : QuantAxis::kDims),
                               record.codes_bytes, model.dtype());
+      } else if (owner != nullptr && model.device() == at::kCPU &&
+                 reinterpret_cast<uintptr_t>(src) % c10::elementSize(model.dtype()) == 0) {
+        // A view of the stored bytes: fetching a chunk copies nothing
+        // (docs/DESIGN.md §14). const_cast: from_blob takes void*, and no
+        // stage writes a ChunkKv's tensors.
+        t = at::from_blob(const_cast<char*>(src), {g.n_kv_heads, n, g.head_dim},
+                          [owner](void*) {}, opts);
       } else {
         t = at::empty({g.n_kv_heads, n, g.head_dim}, opts);
         std::memcpy(t.data_ptr(), src, record.layer_bytes);

@@ -47,16 +47,21 @@ store::ChunkKey ChunkKeyFor(const Model& model, const std::vector<int32_t>& ids,
 absl::StatusOr<std::string> EncodeChunkRecord(const Model& model, const ChunkKv& kv,
                                               PrefixMode mode, const KvCodec& codec = {});
 
-// Decodes a verified record into tensors on the model's device (copied: the
-// result does not reference the record's buffer; quantized records are
-// dequantized into the model's dtype). FailedPrecondition when the record
+// Decodes a verified record into tensors on the model's device. Without
+// `owner` the bytes are copied (the result does not reference the record's
+// buffer); quantized records are dequantized into the model's dtype. With
+// `owner` (what keeps the bytes `record` points into alive, e.g. the store's
+// ChunkValue) a raw record on a CPU model is not copied: its K/V tensors are
+// views of those bytes and hold `owner` until the last one is gone. The
+// engine only reads a ChunkKv (reposition writes rotated copies into the
+// query's cache), so the stored bytes never change. FailedPrecondition when the record
 // was made by another model (fingerprint, n_layers, n_kv_heads, head_dim, or
 // a raw dtype other than the model's) or prefilled under another prefix mode than
 // `mode` (its KV sits at other local positions: using it would be silently
 // wrong).
-absl::StatusOr<std::shared_ptr<const ChunkKv>> DecodeChunkRecord(const Model& model,
-                                                                 const store::KvRecord& record,
-                                                                 PrefixMode mode);
+absl::StatusOr<std::shared_ptr<const ChunkKv>> DecodeChunkRecord(
+    const Model& model, const store::KvRecord& record, PrefixMode mode,
+    std::shared_ptr<const void> owner = nullptr);
 
 // EncodeChunkRecord + DecodeRecord + DecodeChunkRecord: `kv` as a reader of
 // its stored record under `codec` sees it (what the server's fetch path

@@ -66,6 +66,17 @@ void KvCache::EnsureCapacity(int64_t n, const at::Tensor& like_k, const at::Tens
   }
 }
 
+void KvCache::Reserve(int64_t n, int64_t n_kv_heads, int64_t head_dim,
+                      const at::TensorOptions& options) {
+  const at::Tensor like = at::empty({n_kv_heads, 0, head_dim}, options);
+  EnsureCapacity(n, like, like);
+  if (!positions_.defined() || positions_.size(0) < n) {
+    at::Tensor grown = at::empty({n}, options.dtype(at::kLong));
+    if (length_ > 0) grown.narrow(0, 0, length_).copy_(positions_.narrow(0, 0, length_));
+    positions_ = grown;
+  }
+}
+
 void KvCache::WriteAt(int layer, const at::Tensor& slots, const at::Tensor& k,
                       const at::Tensor& v) {
   EnsureCapacity(length_, k, v);

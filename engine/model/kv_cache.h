@@ -64,6 +64,12 @@ class KvCache {
   // block's last position instead of masking them.
   bool positions_sorted() const { return sorted_; }
 
+  // Makes room for `n` slots in every layer without changing size(), so
+  // appends up to n never reallocate (each growth copies the whole cache).
+  // The first K/V written must then have n_kv_heads, head_dim, dtype and
+  // device of `options` as given here.
+  void Reserve(int64_t n, int64_t n_kv_heads, int64_t head_dim, const at::TensorOptions& options);
+
   // Drops every slot at index >= n (e.g. question tokens after scoring).
   void Truncate(int64_t n);
 
