@@ -17,13 +17,28 @@
 //     QPS, generated tokens/s, p50/p95/p99 client TTFT, inter-token p50/p99;
 //  4. decode under a long prefill: one stream decoding (--decode-tokens per
 //     query) alone, then while another client runs FULL prefills of
-//     --prefill-context tokens back to back: inter-token p50/p99 of each.
+//     --prefill-context tokens back to back: inter-token p50/p99 of each;
+//  5. decode-bound batching: at each of --streams, every stream asks
+//     --bound-tokens new tokens (temperature 1) over one short stored chunk
+//     (~--bound-chunk-tokens tokens, METHOD_NONE): tokens/s, ratio to one
+//     stream, mean requests per decode step;
+//  6. (with --rss-queries N) memory: N back-to-back queries with the server
+//     default at --rss-context: RSS after warm-up and after N, then after an
+//     idle spell longer than the trim period.
+//
+// In 1. every run also sends the same query after the server has been idle
+// for --idle-wait-ms (default 1500: longer than the server's default 1 s trim
+// period, which the bench leaves at its default): the "idle" columns.
 //
 //   serve_bench [--out DIR] [--contexts 1024,2048,4096,8192] [--reps 5]
 //               [--threads N] [--model DIR] [--chunk-tokens 512]
 //               [--streams 1,4,16] [--seconds 10] [--conc-context 1024]
 //               [--decode-tokens 64] [--prefill-context 8192] [--ttft true]
 //               [--workers 16] [--max-batch-tokens N] [--server BIN]
+//               [--idle-wait-ms 1500] [--bound-tokens 128]
+//               [--bound-chunk-tokens 80] [--rss-queries 0] [--rss-context 8192]
+//               [--sections ttft,concurrency,interference,bound,rss]
+//               [--server-arg --FLAG=VALUE ...] [--methods FULL,NONE,...]
 //
 // --workers is passed to the server (--max-running on today's server; the
 // number of requests computing side by side on servers before the
@@ -49,6 +64,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "engine/model/model.h"
 #include "engine/blend/pipeline.h"
@@ -100,7 +116,8 @@ struct Run {
 
 absl::StatusOr<Run> QueryOnce(client::Client& c, const std::vector<std::string>& keys,
                               const MethodRow& m, const std::string& question,
-                              int max_new_tokens = 1) {
+                              int max_new_tokens = 1, float temperature = 0,
+                              uint64_t seed = 0) {
   v1::QueryRequest req;
   for (const auto& k : keys) req.add_chunks()->set_key(k);
   req.set_question(question);
@@ -110,6 +127,10 @@ absl::StatusOr<Run> QueryOnce(client::Client& c, const std::vector<std::string>&
   req.set_reorder(m.reorder);
   req.set_lego_k(4);
   req.set_max_new_tokens(max_new_tokens);
+  if (temperature > 0) {
+    req.mutable_sampling()->set_temperature(temperature);
+    req.mutable_sampling()->set_seed(seed);
+  }
   req.set_return_report(true);
   Run run;
   const auto t0 = Clock::now();
@@ -240,6 +261,11 @@ int Main(int argc, char** argv) {
   bool ttft_section = true;
   int64_t max_batch_tokens = 0;  // 0: the server's default
   double seconds = 10;
+  int idle_wait_ms = 1500, bound_tokens = 128, rss_queries = 0;
+  int64_t bound_chunk_tokens = 80, rss_context = 8192;
+  std::string sections = "ttft,concurrency,interference,bound,rss";
+  std::vector<std::string> extra_server_args;  // --server-arg, repeatable
+  std::string method_filter;                    // --methods: empty = every row
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     if (f == "--help" || f == "-h" || i + 1 >= argc) {
@@ -248,6 +274,11 @@ int Main(int argc, char** argv) {
                   "  [--seconds 10] [--conc-context 1024] [--decode-tokens 64]\n"
                   "  [--prefill-context 8192] [--ttft true|false] [--workers 16]\n"
                   "  [--max-batch-tokens N (passed to the server)] [--server BIN]\n"
+                  "  [--idle-wait-ms 1500 (0 = no idle column)] [--bound-tokens 128]\n"
+                  "  [--bound-chunk-tokens 80] [--rss-queries 0] [--rss-context 8192]\n"
+                  "  [--sections ttft,concurrency,interference,bound,rss (a subset)]\n"
+                  "  [--server-arg --FLAG=V (repeatable; passed to the server)]\n"
+                  "  [--methods FULL,NONE,INFOFLOW,... (TTFT rows by name or first word)]\n"
                   "--workers is passed to the server (--max-running; before the scheduler:\n"
                   "requests computing side by side). See the file comment for the sections.\n");
       return f == "--help" || f == "-h" ? 0 : 2;
@@ -268,12 +299,27 @@ int Main(int argc, char** argv) {
     else if (f == "--ttft") ttft_section = v == "true";
     else if (f == "--max-batch-tokens") max_batch_tokens = std::atoll(v.c_str());
     else if (f == "--server") server_bin = v;
+    else if (f == "--idle-wait-ms") idle_wait_ms = std::max(0, std::atoi(v.c_str()));
+    else if (f == "--bound-tokens") bound_tokens = std::max(2, std::atoi(v.c_str()));
+    else if (f == "--bound-chunk-tokens") bound_chunk_tokens = std::max<int64_t>(8, std::atoll(v.c_str()));
+    else if (f == "--rss-queries") rss_queries = std::max(0, std::atoi(v.c_str()));
+    else if (f == "--rss-context") rss_context = std::atoll(v.c_str());
+    else if (f == "--sections") sections = v;
+    else if (f == "--server-arg") extra_server_args.push_back(v);
+    else if (f == "--methods") method_filter = v;
     else {
       std::fprintf(stderr, "serve_bench: unknown flag %s (see --help)\n", f.c_str());
       return 2;
     }
   }
   if (contexts.empty() || streams.empty()) return 2;
+  auto section = [&](const char* name) {
+    for (absl::string_view one : absl::StrSplit(sections, ',')) {
+      if (one == name) return true;
+    }
+    return false;
+  };
+  ttft_section = ttft_section && section("ttft");
   std::sort(contexts.begin(), contexts.end());
   if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
   InitTorchRuntime(threads);
@@ -300,6 +346,7 @@ int Main(int argc, char** argv) {
   if (max_batch_tokens > 0) {
     server_args.push_back("--max-batch-tokens=" + std::to_string(max_batch_tokens));
   }
+  server_args.insert(server_args.end(), extra_server_args.begin(), extra_server_args.end());
   testing::ServerProcess srv(server_bin, model_dir, data_dir + "/kv", out_dir + "/server.log",
                              server_args);
   std::string err;
@@ -334,7 +381,9 @@ int Main(int argc, char** argv) {
   std::vector<std::string> texts;
   std::vector<std::vector<int32_t>> ids;
   int64_t pool_tokens = 0;
-  const int64_t need = std::max({contexts.back(), conc_context, prefill_context}) + chunk_tokens;
+  const int64_t need =
+      std::max({contexts.back(), conc_context, prefill_context, rss_queries > 0 ? rss_context : 0}) +
+      chunk_tokens;
   for (uint32_t i = 0; pool_tokens < need; ++i) {
     texts.push_back(Words(words, 1000 + i));
     ids.push_back((*tok)->Encode(texts.back()));
@@ -444,25 +493,33 @@ int Main(int argc, char** argv) {
   std::ofstream runs_csv(out_dir + "/ttft_runs.csv");
   runs_csv << "context_target,context_tokens,method,run,ttft_ms,client_ttft_ms,fetch_ms,"
               "reposition_ms,score_ms,select_ms,reorder_ms,recompute_ms,prompt_ms,"
-              "first_token_ms,recomputed_tokens,inprocess_ttft_ms\n";
+              "first_token_ms,recomputed_tokens,inprocess_ttft_ms,idle_client_ttft_ms\n";
   std::ofstream sum_csv(out_dir + "/ttft_summary.csv");
   sum_csv << "context_target,context_tokens,method,reps,ttft_ms_median,ratio_to_full,"
              "client_ttft_ms_median,fetch_ms,reposition_ms,score_ms,select_ms,reorder_ms,"
              "recompute_ms,prompt_ms,first_token_ms,recomputed_tokens,inprocess_ttft_ms_median,"
-             "grpc_overhead\n";
+             "grpc_overhead,idle_client_ttft_ms_median,idle_grpc_overhead\n";
   std::map<std::pair<int64_t, std::string>, double> ttft_median;
   for (int64_t context : ttft_section ? contexts : std::vector<int64_t>{}) {
     const std::vector<std::string> k = keys_for(context);
     const std::vector<std::shared_ptr<const ChunkKv>> kv_in = kvs_for(context);
     std::printf("\ncontext %lld (target) in %zu chunks, median of %d (+1 warm-up), max_new_tokens 1\n",
                 static_cast<long long>(context), k.size(), reps);
-    std::printf("%-26s %7s %9s %8s %9s | %7s %7s %7s %7s %7s %9s %7s %7s | %6s | %8s %8s\n",
+    std::printf("%-26s %7s %9s %8s %9s | %7s %7s %7s %7s %7s %9s %7s %7s | %6s | %8s %8s | %9s %8s %7s %7s\n",
                 "method", "ctx", "TTFT ms", "vs FULL", "client", "fetch", "repos", "score",
                 "select", "reordr", "recompute", "prompt", "1st tok", "recomp", "in-proc",
-                "overhead");
+                "overhead", "idle cl.", "idle ovh", "i.fetch", "i.repos");
     double full = NAN;
     for (const MethodRow& m : methods) {
-      std::vector<double> ttft, client_ms, inproc;
+      if (!method_filter.empty()) {
+        const std::string first_word = m.name.substr(0, m.name.find(' '));
+        bool wanted = false;
+        for (absl::string_view f : absl::StrSplit(method_filter, ',')) {
+          wanted = wanted || f == m.name || f == first_word;
+        }
+        if (!wanted) continue;
+      }
+      std::vector<double> ttft, client_ms, inproc, idle_client, idle_fetch, idle_repos;
       std::vector<std::vector<double>> stages(9);
       int64_t ctx_tokens = 0, recomputed = 0;
       for (int r = -1; r < reps; ++r) {
@@ -480,6 +537,19 @@ int Main(int argc, char** argv) {
         }
         if (r < 0) continue;  // warm-up
         inproc.push_back(*in);
+        if (idle_wait_ms > 0) {
+          // The same query after an idle spell longer than the trim period.
+          std::this_thread::sleep_for(std::chrono::milliseconds(idle_wait_ms));
+          auto idle = QueryOnce(c, k, m, question);
+          if (!idle.ok()) {
+            std::fprintf(stderr, "%s after idle: %s\n", m.name.c_str(),
+                         idle.status().ToString().c_str());
+            return 1;
+          }
+          idle_client.push_back(idle->client_ms);
+          idle_fetch.push_back(idle->report.stages().fetch_ms());
+          idle_repos.push_back(idle->report.stages().reposition_ms());
+        }
         const v1::StageTimings& s = run->report.stages();
         const double st[9] = {s.fetch_ms(),  s.reposition_ms(), s.score_ms(),
                               s.select_ms(), s.reorder_ms(),    s.recompute_ms(),
@@ -492,7 +562,8 @@ int Main(int argc, char** argv) {
         runs_csv << context << "," << ctx_tokens << "," << m.name << "," << r << ","
                  << run->ttft_ms << "," << run->client_ms;
         for (int i = 0; i < 8; ++i) runs_csv << "," << st[i];
-        runs_csv << "," << recomputed << "," << *in << "\n";
+        runs_csv << "," << recomputed << "," << *in << ","
+                 << (idle_client.empty() ? NAN : idle_client.back()) << "\n";
       }
       const double med = Median(ttft);
       if (m.method == v1::METHOD_FULL) full = med;
@@ -501,19 +572,26 @@ int Main(int argc, char** argv) {
       // event received; includes the store fetch, tokenizing, gRPC) over the
       // in-process engine's TTFT on the same chunk KVs.
       const double overhead = Median(client_ms) / Median(inproc) - 1.0;
-      std::printf("%-26s %7lld %9.1f %8.3f %9.1f | %7.1f %7.1f %7.1f %7.1f %7.1f %9.1f %7.1f %7.1f | %6lld | %8.1f %7.1f%%\n",
+      const double idle_overhead =
+          idle_client.empty() ? NAN : Median(idle_client) / Median(inproc) - 1.0;
+      std::printf("%-26s %7lld %9.1f %8.3f %9.1f | %7.1f %7.1f %7.1f %7.1f %7.1f %9.1f %7.1f %7.1f | %6lld | %8.1f %7.1f%% | %9.1f %7.1f%% %7.1f %7.1f\n",
                   m.name.c_str(), static_cast<long long>(ctx_tokens), med, med / full,
                   Median(client_ms), Median(stages[0]), Median(stages[1]), Median(stages[2]),
                   Median(stages[3]), Median(stages[4]), Median(stages[5]), Median(stages[6]),
                   Median(stages[7]), static_cast<long long>(recomputed), Median(inproc),
-                  100.0 * overhead);
+                  100.0 * overhead, idle_client.empty() ? NAN : Median(idle_client),
+                  100.0 * idle_overhead, idle_fetch.empty() ? NAN : Median(idle_fetch),
+                  idle_repos.empty() ? NAN : Median(idle_repos));
+      std::fflush(stdout);
       if (m.method == v1::METHOD_INFOFLOW && !m.reorder) {
         std::printf("%-26s scoring pass = %.1f%% of TTFT\n", "", 100.0 * Median(stages[2]) / med);
       }
       sum_csv << context << "," << ctx_tokens << "," << m.name << "," << reps << "," << med << ","
               << med / full << "," << Median(client_ms);
       for (int i = 0; i < 8; ++i) sum_csv << "," << Median(stages[i]);
-      sum_csv << "," << recomputed << "," << Median(inproc) << "," << overhead << "\n";
+      sum_csv << "," << recomputed << "," << Median(inproc) << "," << overhead << ","
+              << (idle_client.empty() ? NAN : Median(idle_client)) << "," << idle_overhead
+              << "\n";
     }
   }
   if (ttft_section) WriteSvg(out_dir + "/ttft.svg", contexts, methods, ttft_median);
@@ -530,7 +608,11 @@ int Main(int argc, char** argv) {
     const char* name;
     int max_new_tokens;
   };
-  for (const Mix& mix : {Mix{"prefill-heavy", 1}, Mix{"decode-heavy", decode_tokens}}) {
+  const std::vector<Mix> mixes =
+      section("concurrency")
+          ? std::vector<Mix>{Mix{"prefill-heavy", 1}, Mix{"decode-heavy", decode_tokens}}
+          : std::vector<Mix>{};
+  for (const Mix& mix : mixes) {
     std::printf("\nconcurrency, %s: INFOFLOW r=0.15, %zu chunks (%lld context tokens), "
                 "max_new_tokens %d, %.0f s per level, server --workers %d\n",
                 mix.name, ck.size(), static_cast<long long>(ck_tokens), mix.max_new_tokens,
@@ -597,7 +679,7 @@ int Main(int argc, char** argv) {
   }
 
   // ---- 4. inter-token time of one decoding stream, idle vs under long prefills.
-  {
+  if (section("interference")) {
     const std::vector<std::string> pk = keys_for(prefill_context);
     int64_t pk_tokens = 0;
     for (size_t i = 0; i < pk.size(); ++i) pk_tokens += static_cast<int64_t>(ids[i].size());
@@ -651,10 +733,119 @@ int Main(int argc, char** argv) {
            << Quantile(gaps, 1.0) << std::endl;
     }
   }
+  // ---- 5. decode-bound batching: many streams, short context, long answers.
+  if (section("bound")) {
+    // One short chunk of about bound_chunk_tokens tokens, stored once.
+    v1::IngestRequest req;
+    req.add_chunks()->set_text(
+        Words(std::max(4, static_cast<int>(bound_chunk_tokens / tokens_per_word)), 77));
+    auto r = c.Ingest(req);
+    if (!r.ok() || r->results_size() != 1 || r->results(0).status() == v1::CHUNK_STATUS_ERROR) {
+      std::fprintf(stderr, "bound: ingest failed\n");
+      return 1;
+    }
+    const std::vector<std::string> bk = {r->results(0).chunk_key()};
+    const MethodRow none = methods[1];
+    std::ofstream bcsv(out_dir + "/decode_bound.csv");
+    bcsv << "streams,chunk_tokens,max_new_tokens,seconds,queries,tokens,tokens_per_s,"
+            "ratio_to_1,mean_batch,itl_p50_ms,ttft_p50_ms\n";
+    std::printf("\ndecode-bound: METHOD_NONE over one stored chunk of %d tokens, %d new tokens "
+                "per query (temperature 1), %.0f s per level\n",
+                r->results(0).n_tokens(), bound_tokens, seconds);
+    std::printf("%8s %8s %9s %10s %9s %8s %9s %9s\n", "streams", "queries", "tokens",
+                "tokens/s", "vs 1", "batch", "ITL p50", "TTFT p50");
+    double solo = NAN;
+    for (int64_t n : streams) {
+      const std::string m0 = srv.Metrics();
+      const double steps0 = testing::PromValue(m0, "infoflow_batch_size_count");
+      const double rows0 = testing::PromValue(m0, "infoflow_batch_size_sum");
+      std::mutex mu;
+      std::vector<double> gaps, ttfts;
+      int64_t tokens = 0, queries = 0;
+      std::atomic<int64_t> errors{0};
+      const auto t0 = Clock::now();
+      const auto until = t0 + std::chrono::duration_cast<Clock::duration>(
+                                  std::chrono::duration<double>(seconds));
+      std::vector<std::thread> th;
+      for (int64_t s = 0; s < n; ++s) {
+        th.emplace_back([&, s] {
+          client::ClientOptions o = co;
+          o.timeout_ms = 300000;
+          client::Client cc(o);
+          for (uint64_t q = 0; Clock::now() < until; ++q) {
+            auto one = QueryOnce(cc, bk, none, question, bound_tokens, 1.0f, 1000 * s + q + 1);
+            if (!one.ok()) {
+              ++errors;
+              std::this_thread::sleep_for(std::chrono::milliseconds(5));
+              continue;
+            }
+            std::lock_guard<std::mutex> l(mu);
+            gaps.insert(gaps.end(), one->gaps_ms.begin(), one->gaps_ms.end());
+            ttfts.push_back(one->client_ms);
+            tokens += one->tokens;
+            ++queries;
+          }
+        });
+      }
+      for (auto& t : th) t.join();
+      const double secs = Ms(Clock::now() - t0) / 1e3;
+      const std::string m1 = srv.Metrics();
+      const double steps = testing::PromValue(m1, "infoflow_batch_size_count") - steps0;
+      const double mean_batch =
+          steps > 0 ? (testing::PromValue(m1, "infoflow_batch_size_sum") - rows0) / steps : NAN;
+      const double tps = tokens / secs;
+      if (n == 1) solo = tps;
+      std::printf("%8lld %8lld %9lld %10.1f %9.2f %8.2f %9.2f %9.1f%s\n",
+                  static_cast<long long>(n), static_cast<long long>(queries),
+                  static_cast<long long>(tokens), tps, tps / solo, mean_batch,
+                  Quantile(gaps, 0.5), Quantile(ttfts, 0.5),
+                  errors.load() ? "  (errors)" : "");
+      std::fflush(stdout);
+      bcsv << n << "," << r->results(0).n_tokens() << "," << bound_tokens << "," << secs << ","
+           << queries << "," << tokens << "," << tps << "," << tps / solo << "," << mean_batch
+           << "," << Quantile(gaps, 0.5) << "," << Quantile(ttfts, 0.5) << std::endl;
+    }
+  }
+
+  // ---- 6. memory over back-to-back queries, then after idle.
+  if (section("rss") && rss_queries > 0) {
+    const std::vector<std::string> rk = keys_for(rss_context);
+    const MethodRow def = methods[5];  // the server default
+    auto rss_mib = [&] { return static_cast<double>(srv.RssKiB()) / 1024.0; };
+    std::printf("\nmemory: %d back-to-back queries, %s over %zu chunks (%lld target tokens)\n",
+                rss_queries, def.name.c_str(), rk.size(), static_cast<long long>(rss_context));
+    const int warm = std::max(5, rss_queries / 20);
+    double after_warm = 0, peak = 0;
+    std::ofstream rcsv(out_dir + "/rss.csv");
+    rcsv << "query,rss_mib\n";
+    for (int q = 0; q < warm + rss_queries; ++q) {
+      if (!QueryOnce(c, rk, def, question).ok()) {
+        std::fprintf(stderr, "rss: query %d failed\n", q);
+        return 1;
+      }
+      const double now = rss_mib();
+      rcsv << q << "," << now << "\n";
+      if (q == warm - 1) after_warm = now;
+      if (q >= warm) peak = std::max(peak, now);
+      if ((q + 1) % 50 == 0) {
+        std::printf("  %d queries: RSS %.0f MiB\n", q + 1, now);
+        std::fflush(stdout);
+      }
+    }
+    const double end = rss_mib();
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::max(idle_wait_ms, 1500) + 1000));
+    const double idle = rss_mib();
+    std::printf("  RSS after %d warm-up queries %.0f MiB, max over the next %d %.0f MiB "
+                "(%+.1f%%), at the end %.0f MiB; after idle %.0f MiB (%.0f MiB given back)\n",
+                warm, after_warm, rss_queries, peak, 100.0 * (peak / after_warm - 1), end, idle,
+                end - idle);
+    rcsv << "idle," << idle << "\n";
+  }
+
   const int rc = srv.Stop();
   fs::remove_all(data_dir);
   std::printf("\nwrote %s/{ttft_runs.csv,ttft_summary.csv,ingest.csv,concurrency.csv,"
-              "interference.csv,ttft.svg}\n",
+              "interference.csv,decode_bound.csv,rss.csv,ttft.svg}\n",
               out_dir.c_str());
   return rc == 0 ? 0 : 1;
 }
