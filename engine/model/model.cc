@@ -24,32 +24,26 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return normed.to(x.scalar_type()) * weight;
 }
 
-// RoPE on x [n, T, hd] with cos/sin [T, rd] from Model::RopeTables: the
-// first rd dims rotate, dims rd.. pass through (GLM's partial rotary; rd ==
-// hd for LLaMA/Qwen). Pairing as in Hugging Face: rotate-half
-// (LlamaForCausalLM: dim i with i + rd/2) or interleaved (GlmForCausalLM's
-// rotate_half: dim 2i with 2i+1, i.e. stack(-x[1::2], x[0::2]) flattened).
+// RoPE on x [n, T, hd] with cos/sin [T, rd] from Model::RopeTables, paired
+// as Hugging Face does. Rotate-half (LlamaForCausalLM: dim i with i + hd/2)
+// over the whole head (rd == hd), or GLM's (GlmForCausalLM: dim 2i with
+// 2i+1, its rotate_half being stack(-x[1::2], x[0::2]) flattened) over the
+// first rd dims, dims rd.. passing through. ParseModelConfig allows partial
+// rotary only with the interleaved pairing.
 at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      bool interleaved) {
-  const int64_t rotary_dim = cos.size(-1);
-  if (!interleaved && rotary_dim == x.size(-1)) {
-    // LLaMA/Qwen: the whole head, rotate-half.
-    const int64_t half = rotary_dim / 2;
+  if (!interleaved) {
+    const int64_t half = x.size(-1) / 2;
     at::Tensor x1 = x.narrow(-1, 0, half);
     at::Tensor x2 = x.narrow(-1, half, half);
     at::Tensor rotated = at::cat({-x2, x1}, -1);
     return x * cos + rotated * sin;
   }
+  const int64_t rotary_dim = cos.size(-1);
   at::Tensor x_rot = x.narrow(-1, 0, rotary_dim);
-  at::Tensor rotated;
-  if (interleaved) {
-    // View the rotary dims as rd/2 pairs (x[2i], x[2i+1]) -> (-x[2i+1], x[2i]).
-    at::Tensor pairs = x_rot.unflatten(-1, {rotary_dim / 2, 2});
-    rotated = at::stack({-pairs.select(-1, 1), pairs.select(-1, 0)}, -1).flatten(-2);
-  } else {
-    const int64_t half = rotary_dim / 2;
-    rotated = at::cat({-x_rot.narrow(-1, half, half), x_rot.narrow(-1, 0, half)}, -1);
-  }
+  // The rotary dims as rd/2 pairs (x[2i], x[2i+1]) -> (-x[2i+1], x[2i]).
+  at::Tensor pairs = x_rot.unflatten(-1, {rotary_dim / 2, 2});
+  at::Tensor rotated = at::stack({-pairs.select(-1, 1), pairs.select(-1, 0)}, -1).flatten(-2);
   at::Tensor out = x_rot * cos + rotated * sin;
   if (rotary_dim == x.size(-1)) return out;
   return at::cat({out, x.narrow(-1, rotary_dim, x.size(-1) - rotary_dim)}, -1);
@@ -195,7 +189,7 @@ Model::Qkv Model::ProjectQkv(int layer, const at::Tensor& h,
   out.q = Rotate(q.transpose(0, 1), rope);  // [H, q, hd]
   if (unrotated_keys) *unrotated_keys = k.transpose(0, 1).contiguous();
   out.k = Rotate(k.transpose(0, 1), rope);  // [Hkv, q, hd]
-  out.v = v.transpose(0, 1);                                      // [Hkv, q, hd]
+  out.v = v.transpose(0, 1);                // [Hkv, q, hd]
   return out;
 }
 
