@@ -80,7 +80,7 @@ TEST_P(ReferenceLogits, MatchIndependentImplementation) {
 INSTANTIATE_TEST_SUITE_P(Models, ReferenceLogits,
                          ::testing::Values("stories260K", "llama", "qwen2", "qwen3",
                                            "llama3-scaled", "bf16", "glm", "glm4",
-                                           "glm4-sharded", "glm-full-rotary"),
+                                           "glm4-sharded", "glm-full-rotary", "glm4-bf16"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n) c = isalnum(c) ? c : '_';

@@ -33,6 +33,7 @@ std::string GeneratedModelDir(const std::string& kind) {
   // GLM-4's architecture with <sop> as a BOS: runs the BOS-prefixed suites.
   if (kind == "glm4-bos") spec.bos_token = "<sop>";
   if (kind == "glm-full-rotary") spec.partial_rotary_factor = 1.0;
+  if (kind == "glm4-bf16") spec.dtype = "bf16";
   if (kind == "qwen2") spec.model_type = "qwen2";
   if (kind == "qwen3") spec.model_type = "qwen3";
   if (kind == "llama3-scaled") spec.llama3_rope_scaling = true;
