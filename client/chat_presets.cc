@@ -2,7 +2,7 @@
 
 namespace infoflow::cli {
 
-std::vector<std::string> ChatPresetNames() { return {"qwen", "llama3", "mistral"}; }
+std::vector<std::string> ChatPresetNames() { return {"qwen", "llama3", "mistral", "glm4"}; }
 
 std::optional<ChatPreset> FindChatPreset(const std::string& name, const std::string& system) {
   if (name == "qwen") {
@@ -17,6 +17,12 @@ std::optional<ChatPreset> FindChatPreset(const std::string& name, const std::str
   }
   if (name == "mistral") {
     return ChatPreset{"<s>[INST] " + system + "\n\n", "\n\nQuestion: {question} [/INST]"};
+  }
+  if (name == "glm4") {
+    // No BOS: [gMASK]<sop> open every GLM-4 prompt; each turn is a role
+    // token, a newline, the content, with no end-of-turn token.
+    return ChatPreset{"[gMASK]<sop><|system|>\n" + system + "<|user|>\n",
+                      "\n\nQuestion: {question}<|assistant|>\n"};
   }
   return std::nullopt;
 }

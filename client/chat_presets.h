@@ -23,7 +23,7 @@ struct ChatPreset {
 // The system prompt used when none is given.
 inline constexpr char kDefaultSystemPrompt[] = "You are a helpful assistant.";
 
-// Preset names, in the order --help lists them: qwen, llama3, mistral.
+// Preset names, in the order --help lists them: qwen, llama3, mistral, glm4.
 std::vector<std::string> ChatPresetNames();
 
 // The preset `name` with `system` as the system prompt, or nullopt for an
@@ -39,6 +39,14 @@ std::vector<std::string> ChatPresetNames();
 //            opens the user turn)
 //     prefix   "<s>[INST] {system}\n\n"
 //     template "\n\nQuestion: {question} [/INST]"
+//   glm4    (GLM-4 chat, GLM-4-0414: transformers model_type glm / glm4; no
+//            BOS, [gMASK]<sop> open the prompt, turns end at the next role
+//            token, so <|user|> / <|observation|> are the stop ids)
+//     prefix   "[gMASK]<sop><|system|>\n{system}<|user|>\n"
+//     template "\n\nQuestion: {question}<|assistant|>\n"
+//            (the trailing "\n" after <|assistant|> follows the GLM-4-0414
+//            template's generation prompt; GLM-4-9B-chat's ends at
+//            <|assistant|> and the model writes the newline itself)
 std::optional<ChatPreset> FindChatPreset(const std::string& name, const std::string& system);
 
 }  // namespace infoflow::cli

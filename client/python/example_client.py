@@ -55,6 +55,8 @@ CHAT_PRESETS = {
                "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n",
                "\n\nQuestion: {question}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"),
     "mistral": ("<s>[INST] {system}\n\n", "\n\nQuestion: {question} [/INST]"),
+    "glm4": ("[gMASK]<sop><|system|>\n{system}<|user|>\n",
+             "\n\nQuestion: {question}<|assistant|>\n"),
 }
 
 

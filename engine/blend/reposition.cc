@@ -14,7 +14,7 @@ void AppendChunkAt(const Model& model, const ChunkKv& chunk, int64_t offset, KvC
   const int64_t first = cache->AppendPositions(positions);
   const auto rope = model.RopeTables(positions);  // shared by every layer
   for (int l = 0; l < model.n_layers(); ++l) {
-    cache->WriteRange(l, first, Model::Rotate(chunk.k[l].to(model.device()), rope),
+    cache->WriteRange(l, first, model.Rotate(chunk.k[l].to(model.device()), rope),
                       chunk.v[l].to(model.device()));
   }
 }

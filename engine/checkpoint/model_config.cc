@@ -161,6 +161,8 @@ const char* Architecture(const std::string& model_type) {
   if (model_type == "mistral") return "MistralForCausalLM";
   if (model_type == "qwen2") return "Qwen2ForCausalLM";
   if (model_type == "qwen3") return "Qwen3ForCausalLM";
+  if (model_type == "glm") return "GlmForCausalLM";
+  if (model_type == "glm4") return "Glm4ForCausalLM";
   return "LlamaForCausalLM";
 }
 
@@ -227,6 +229,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view text) {
         "missing or non-string field 'model_type'");
   }
   c.model_type = type->get<std::string>();
+  // GLM defaults are HF GlmConfig / Glm4Config's constructor defaults, which
+  // a config.json without the field gets there.
+  const bool glm = c.model_type == "glm" || c.model_type == "glm4";
   int64_t default_max_pos = 0;
   if (c.model_type == "llama") {
     default_max_pos = 2048;
@@ -234,11 +239,19 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view text) {
     default_max_pos = 4096 * 32;
   } else if (c.model_type == "qwen2" || c.model_type == "qwen3") {
     default_max_pos = 32768;
+  } else if (glm) {
+    default_max_pos = 131072;
+  } else if (c.model_type == "chatglm") {
+    return absl::InvalidArgumentError(
+        "field 'model_type' is \"chatglm\" (the THUDM remote-code layout: "
+        "query_key_value, dense_h_to_4h), which is not supported; use the "
+        "transformers checkpoint (model_type \"glm\" or \"glm4\", e.g. the "
+        "-hf / -0414 repositories)");
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "field 'model_type' is \"", c.model_type,
         "\", which is not supported (supported: llama, mistral, qwen2, "
-        "qwen3)"));
+        "qwen3, glm, glm4)"));
   }
 
   INFOFLOW_ASSIGN_OR_RETURN_CFG(c.vocab_size,
@@ -253,15 +266,18 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view text) {
       c.num_attention_heads, GetPositiveInt(root, "num_attention_heads", {}));
   INFOFLOW_ASSIGN_OR_RETURN_CFG(
       c.num_key_value_heads,
-      GetPositiveInt(root, "num_key_value_heads", c.num_attention_heads));
+      GetPositiveInt(root, "num_key_value_heads",
+                     glm ? int64_t{2} : c.num_attention_heads));
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "field 'num_key_value_heads' (", c.num_key_value_heads,
         ") must divide num_attention_heads (", c.num_attention_heads, ")"));
   }
-  if (Field(root, "head_dim") != nullptr) {
-    INFOFLOW_ASSIGN_OR_RETURN_CFG(c.head_dim,
-                                  GetPositiveInt(root, "head_dim", {}));
+  if (Field(root, "head_dim") != nullptr || glm) {
+    INFOFLOW_ASSIGN_OR_RETURN_CFG(
+        c.head_dim,
+        GetPositiveInt(root, "head_dim",
+                       glm ? std::optional<int64_t>(128) : std::nullopt));
   } else {
     if (c.hidden_size % c.num_attention_heads != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -275,20 +291,52 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view text) {
     return absl::InvalidArgumentError(absl::StrCat(
         "field 'head_dim' must be even for RoPE, got ", c.head_dim));
   }
-  INFOFLOW_ASSIGN_OR_RETURN_CFG(c.rms_norm_eps,
-                                GetDouble(root, "rms_norm_eps", 1e-6));
+  INFOFLOW_ASSIGN_OR_RETURN_CFG(
+      c.rms_norm_eps, GetDouble(root, "rms_norm_eps", glm ? 1.5625e-7 : 1e-6));
   if (!(c.rms_norm_eps > 0) || !std::isfinite(c.rms_norm_eps)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "field 'rms_norm_eps' must be positive, got ", c.rms_norm_eps));
   }
+  // transformers v5 moves rope_theta, partial_rotary_factor and the scaling
+  // type into one "rope_parameters" object; read either spelling.
+  const json* rope_params = Field(root, "rope_parameters");
+  if (rope_params != nullptr && !rope_params->is_object()) {
+    return FieldError("", "rope_parameters", "must be null or an object",
+                      *rope_params);
+  }
+  const json& rope_root = rope_params != nullptr ? *rope_params : root;
   INFOFLOW_ASSIGN_OR_RETURN_CFG(c.rope_theta,
-                                GetDouble(root, "rope_theta", 10000.0));
+                                GetDouble(rope_root, "rope_theta", 10000.0));
   if (!(c.rope_theta > 1) || !std::isfinite(c.rope_theta)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "field 'rope_theta' must be greater than 1, got ", c.rope_theta));
   }
-  INFOFLOW_ASSIGN_OR_RETURN_CFG(c.rope_scaling,
-                                ParseRopeScaling(Field(root, "rope_scaling")));
+  INFOFLOW_ASSIGN_OR_RETURN_CFG(
+      c.rope_scaling,
+      ParseRopeScaling(rope_params != nullptr ? rope_params
+                                              : Field(root, "rope_scaling")));
+  INFOFLOW_ASSIGN_OR_RETURN_CFG(
+      c.partial_rotary_factor,
+      GetDouble(rope_root, "partial_rotary_factor", glm ? 0.5 : 1.0));
+  if (!(c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("field 'partial_rotary_factor' must be in (0, 1], got ",
+                     c.partial_rotary_factor));
+  }
+  if (!glm && c.partial_rotary_factor != 1.0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "field 'partial_rotary_factor' is ", c.partial_rotary_factor,
+        ", but model_type \"", c.model_type,
+        "\" rotates every head dim (only glm/glm4 support partial RoPE)"));
+  }
+  if (const int64_t rotary_dim = RotaryDim(c);
+      rotary_dim < 2 || rotary_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "field 'partial_rotary_factor' (", c.partial_rotary_factor,
+        ") gives rotary dim int(head_dim * factor) = ", rotary_dim,
+        " for head_dim ", c.head_dim, "; it must be even and at least 2"));
+  }
+  c.rope_interleaved = glm;
   INFOFLOW_ASSIGN_OR_RETURN_CFG(
       c.max_position_embeddings,
       GetPositiveInt(root, "max_position_embeddings", default_max_pos));
@@ -296,8 +344,16 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view text) {
       c.tie_word_embeddings, GetBool(root, "tie_word_embeddings", false));
   INFOFLOW_ASSIGN_OR_RETURN_CFG(
       c.attention_bias,
-      GetBool(root, "attention_bias", c.model_type == "qwen2"));
+      GetBool(root, "attention_bias", c.model_type == "qwen2" || glm));
   c.qk_norm = c.model_type == "qwen3";
+  c.sandwich_norms = c.model_type == "glm4";
+  // Llama's mlp_bias adds gate/up/down biases the forward does not have.
+  bool mlp_bias = false;
+  INFOFLOW_ASSIGN_OR_RETURN_CFG(mlp_bias, GetBool(root, "mlp_bias", false));
+  if (mlp_bias) {
+    return absl::InvalidArgumentError(
+        "field 'mlp_bias' is true, which is not supported (no MLP biases)");
+  }
 
   if (const json* act = Field(root, "hidden_act"); act != nullptr) {
     if (!act->is_string()) {
@@ -316,6 +372,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view text) {
                                   GetInt(root, "bos_token_id", {}));
   }
   INFOFLOW_ASSIGN_OR_RETURN_CFG(c.eos_token_ids, GetEosIds(root));
+  if (Field(root, "pad_token_id") != nullptr) {
+    INFOFLOW_ASSIGN_OR_RETURN_CFG(c.pad_token_id,
+                                  GetInt(root, "pad_token_id", {}));
+  }
   // Newer transformers write "dtype" instead of "torch_dtype".
   const json* dtype = Field(root, "torch_dtype");
   if (dtype == nullptr) dtype = Field(root, "dtype");
@@ -367,6 +427,11 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["rope_theta"] = c.rope_theta;
+  // Written for GLM (whose default is 0.5, not 1) and whenever it is not 1;
+  // non-GLM HF configs lack the field.
+  if (c.rope_interleaved || c.partial_rotary_factor != 1.0) {
+    j["partial_rotary_factor"] = c.partial_rotary_factor;
+  }
   switch (c.rope_scaling.type) {
     case RopeScaling::Type::kNone:
       j["rope_scaling"] = nullptr;
@@ -391,6 +456,7 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   j["attention_bias"] = c.attention_bias;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   if (c.bos_token_id.has_value()) j["bos_token_id"] = *c.bos_token_id;
+  if (c.pad_token_id.has_value()) j["pad_token_id"] = *c.pad_token_id;
   if (c.eos_token_ids.size() == 1) {
     j["eos_token_id"] = c.eos_token_ids[0];
   } else if (!c.eos_token_ids.empty()) {
@@ -401,8 +467,14 @@ std::string ModelConfigToJson(const ModelConfig& c) {
          "\n";
 }
 
+int64_t RotaryDim(const ModelConfig& c) {
+  return static_cast<int64_t>(static_cast<double>(c.head_dim) *
+                              c.partial_rotary_factor);
+}
+
 std::vector<double> RopeInverseFrequencies(const ModelConfig& c) {
-  const int64_t half = c.head_dim / 2;
+  const int64_t rotary_dim = RotaryDim(c);
+  const int64_t half = rotary_dim / 2;
   std::vector<double> inv(static_cast<size_t>(half > 0 ? half : 0));
   const RopeScaling& rs = c.rope_scaling;
   const double old_ctx =
@@ -411,7 +483,7 @@ std::vector<double> RopeInverseFrequencies(const ModelConfig& c) {
   const double high_wavelen = old_ctx / rs.high_freq_factor;
   for (int64_t i = 0; i < half; ++i) {
     double f = 1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) /
-                                                static_cast<double>(c.head_dim));
+                                                static_cast<double>(rotary_dim));
     switch (rs.type) {
       case RopeScaling::Type::kNone:
         break;

@@ -1,9 +1,12 @@
 // The architecture hyper-parameters of a LLaMA-family model, read from a
 // Hugging Face config.json, torch-free.
 //
-// Supported model_type values: llama, mistral, qwen2, qwen3. Differences the
-// forward pass must honor are explicit fields here (attention_bias, qk_norm,
-// head_dim, rope_scaling) rather than checks of model_type elsewhere.
+// Supported model_type values: llama, mistral, qwen2, qwen3, glm, glm4 (HF
+// transformers' GlmForCausalLM / Glm4ForCausalLM; not the older remote-code
+// "chatglm" layout). Differences the forward pass must honor are explicit
+// fields here (attention_bias, qk_norm, head_dim, rope_scaling,
+// partial_rotary_factor, rope_interleaved, sandwich_norms) rather than checks
+// of model_type elsewhere; only the loader maps model_type to tensor names.
 //
 // All functions are pure and thread-safe.
 
@@ -33,27 +36,46 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string model_type;  // "llama", "mistral", "qwen2" or "qwen3".
+  std::string model_type;  // "llama", "mistral", "qwen2", "qwen3", "glm", "glm4".
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
   int64_t num_hidden_layers = 0;
   int64_t num_attention_heads = 0;
-  int64_t num_key_value_heads = 0;  // Defaults to num_attention_heads.
-  int64_t head_dim = 0;  // Defaults to hidden_size / num_attention_heads.
+  // Defaults to num_attention_heads, except glm/glm4: 2 (HF GlmConfig).
+  int64_t num_key_value_heads = 0;
+  // Defaults to hidden_size / num_attention_heads, except glm/glm4: 128 (HF
+  // GlmConfig's default, which GlmAttention then uses).
+  int64_t head_dim = 0;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
+  // Share of each head's dims that RoPE rotates: the first RotaryDim(config)
+  // = int(head_dim * partial_rotary_factor) dims rotate, the rest pass
+  // through unchanged. 1.0 except glm/glm4 (default 0.5); anything but 1.0
+  // is refused for the other model types, whose HF code has no partial RoPE.
+  double partial_rotary_factor = 1.0;
+  // RoPE pairing. false: rotate-half, dim i pairs with i + rotary_dim/2
+  // (LLaMA/Qwen). true: interleaved, dim 2i pairs with 2i+1, both at
+  // frequency i (HF GLM's rotate_half over x[..., 0::2], x[..., 1::2] with
+  // cos/sin repeat_interleave'd). Set from model_type: true for glm/glm4.
+  bool rope_interleaved = false;
   int64_t max_position_embeddings = 0;  // Defaults per model_type.
   bool tie_word_embeddings = false;
-  // Bias on the q/k/v projections (never on o_proj). Default: true for
-  // qwen2, false otherwise; an explicit "attention_bias" wins.
+  // Bias on the q/k/v projections. Default: true for qwen2, glm and glm4,
+  // false otherwise; an explicit "attention_bias" wins. Llama/Mistral then
+  // bias o_proj too; Qwen2 and GLM never do (the loader knows which).
   bool attention_bias = false;
   // Per-head RMSNorm on q and k before RoPE (q_norm/k_norm weights); qwen3.
   bool qk_norm = false;
+  // GLM-4's "sandwich" norms: an RMSNorm on the attention output
+  // (post_self_attn_layernorm) and on the MLP output (post_mlp_layernorm),
+  // each applied before its residual add. Set from model_type: glm4.
+  bool sandwich_norms = false;
   std::string hidden_act = "silu";  // Only "silu" is accepted.
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;  // "eos_token_id": int or list.
+  std::optional<int64_t> pad_token_id;  // Kept for the config round trip only.
   // generation_config.json's "eos_token_id" (int or list), which often lists
   // more than config.json (Llama-3 <|eot_id|>, Qwen <|im_end|>). Not part of
   // config.json: Model::Load reads it from the model directory when present.
@@ -61,11 +83,21 @@ struct ModelConfig {
   std::string torch_dtype;  // "float32", "bfloat16", ... or "" if absent.
 };
 
+// The number of leading dims of each head that RoPE rotates:
+// int(head_dim * partial_rotary_factor), truncated as Python's int() does
+// (HF: dim = int(head_dim * partial_rotary_factor)). head_dim unless partial.
+int64_t RotaryDim(const ModelConfig& config);
+
 // Parses the text of a config.json. Returns InvalidArgument, with a message
 // naming the offending field, for invalid JSON, an unsupported model_type or
 // rope_scaling type, a missing or non-positive size, or inconsistent sizes
 // (num_attention_heads % num_key_value_heads != 0, hidden_size not divisible
-// by num_attention_heads when head_dim is not given, odd head_dim).
+// by num_attention_heads when head_dim is not given, odd head_dim, a
+// partial_rotary_factor outside (0, 1] or giving an odd rotary dim, or one
+// other than 1 on a model type without partial RoPE), and for fields whose
+// values the forward does not implement (hidden_act other than silu,
+// mlp_bias true). "rope_parameters" (the transformers v5 spelling) is read
+// like rope_theta + partial_rotary_factor + rope_scaling.
 absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json);
 
 // Reads and parses the config.json at `path` (a file, or a directory holding
@@ -87,10 +119,10 @@ std::vector<int64_t> StopTokenIds(const ModelConfig& config);
 // reads back to an equal config.
 std::string ModelConfigToJson(const ModelConfig& config);
 
-// The head_dim / 2 RoPE inverse frequencies, with rope_scaling applied the
+// The RotaryDim / 2 RoPE inverse frequencies, with rope_scaling applied the
 // way Hugging Face transformers does (_compute_default_rope_parameters,
 // _compute_linear_scaling_rope_parameters, _compute_llama3_parameters):
-//   inv_freq[i] = 1 / rope_theta^(2i / head_dim)
+//   inv_freq[i] = 1 / rope_theta^(2i / rotary_dim)   (rotary_dim = RotaryDim)
 //   linear: inv_freq[i] / factor
 //   llama3: with wavelen = 2*pi / inv_freq[i],
 //           high_wl = original_max / high_freq_factor,

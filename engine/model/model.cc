@@ -24,13 +24,29 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return normed.to(x.scalar_type()) * weight;
 }
 
-// Rotate-half RoPE (Hugging Face layout): x [n, T, hd], cos/sin [T, hd].
-at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t half = x.size(-1) / 2;
-  at::Tensor x1 = x.narrow(-1, 0, half);
-  at::Tensor x2 = x.narrow(-1, half, half);
-  at::Tensor rotated = at::cat({-x2, x1}, -1);
-  return x * cos + rotated * sin;
+// RoPE on x [n, T, hd] with cos/sin [T, rd] from Model::RopeTables, paired
+// as Hugging Face does. Rotate-half (LlamaForCausalLM: dim i with i + hd/2)
+// over the whole head (rd == hd), or GLM's (GlmForCausalLM: dim 2i with
+// 2i+1, its rotate_half being stack(-x[1::2], x[0::2]) flattened) over the
+// first rd dims, dims rd.. passing through. ParseModelConfig allows partial
+// rotary only with the interleaved pairing.
+at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     bool interleaved) {
+  if (!interleaved) {
+    const int64_t half = x.size(-1) / 2;
+    at::Tensor x1 = x.narrow(-1, 0, half);
+    at::Tensor x2 = x.narrow(-1, half, half);
+    at::Tensor rotated = at::cat({-x2, x1}, -1);
+    return x * cos + rotated * sin;
+  }
+  const int64_t rotary_dim = cos.size(-1);
+  at::Tensor x_rot = x.narrow(-1, 0, rotary_dim);
+  // The rotary dims as rd/2 pairs (x[2i], x[2i+1]) -> (-x[2i+1], x[2i]).
+  at::Tensor pairs = x_rot.unflatten(-1, {rotary_dim / 2, 2});
+  at::Tensor rotated = at::stack({-pairs.select(-1, 1), pairs.select(-1, 0)}, -1).flatten(-2);
+  at::Tensor out = x_rot * cos + rotated * sin;
+  if (rotary_dim == x.size(-1)) return out;
+  return at::cat({out, x.narrow(-1, rotary_dim, x.size(-1) - rotary_dim)}, -1);
 }
 
 // Runs f(first_row, n_rows) over [0, n) in blocks of at most YieldMaxRows()
@@ -65,7 +81,10 @@ at::Tensor Model::Embed(const at::Tensor& tokens) const {
 std::pair<at::Tensor, at::Tensor> Model::RopeTables(const at::Tensor& positions) const {
   // Angles in f64 so that large positions keep full precision.
   at::Tensor angles = positions.to(at::kDouble).unsqueeze(1) * inv_freq_.unsqueeze(0);
-  at::Tensor emb = at::cat({angles, angles}, -1);
+  // Each pair's angle at both of its dims: [f0..f_{n-1}, f0..f_{n-1}] for
+  // rotate-half, [f0, f0, f1, f1, ...] for interleaved (GLM).
+  at::Tensor emb = config_.rope_interleaved ? angles.repeat_interleave(2, -1)
+                                            : at::cat({angles, angles}, -1);
   return {emb.cos().to(dtype_), emb.sin().to(dtype_)};
 }
 
@@ -73,8 +92,9 @@ at::Tensor Model::Rotate(const at::Tensor& k, const at::Tensor& positions) const
   return Rotate(k, RopeTables(positions.to(device_)));
 }
 
-at::Tensor Model::Rotate(const at::Tensor& k, const std::pair<at::Tensor, at::Tensor>& rope) {
-  return ApplyRope(k, rope.first, rope.second);
+at::Tensor Model::Rotate(const at::Tensor& k,
+                         const std::pair<at::Tensor, at::Tensor>& rope) const {
+  return ApplyRope(k, rope.first, rope.second, config_.rope_interleaved);
 }
 
 at::Tensor Model::Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -166,10 +186,10 @@ Model::Qkv Model::ProjectQkv(int layer, const at::Tensor& h,
     k = RmsNorm(k, w.k_norm, eps);
   }
   Qkv out;
-  out.q = ApplyRope(q.transpose(0, 1), rope.first, rope.second);  // [H, q, hd]
+  out.q = Rotate(q.transpose(0, 1), rope);  // [H, q, hd]
   if (unrotated_keys) *unrotated_keys = k.transpose(0, 1).contiguous();
-  out.k = ApplyRope(k.transpose(0, 1), rope.first, rope.second);  // [Hkv, q, hd]
-  out.v = v.transpose(0, 1);                                      // [Hkv, q, hd]
+  out.k = Rotate(k.transpose(0, 1), rope);  // [Hkv, q, hd]
+  out.v = v.transpose(0, 1);                // [Hkv, q, hd]
   return out;
 }
 
@@ -180,11 +200,15 @@ at::Tensor Model::OutputAndMlp(int layer, const at::Tensor& h, const at::Tensor&
   const double eps = config_.rms_norm_eps;
   at::Tensor attn_rows = attn.transpose(0, 1).reshape({n_q, width});
   return ByRowBlocks(n_q, [&](int64_t r0, int64_t n) {
-    at::Tensor out = h.narrow(0, r0, n) + at::linear(attn_rows.narrow(0, r0, n), w.wo, w.bo);
-    // SwiGLU MLP block.
+    at::Tensor attn_out = at::linear(attn_rows.narrow(0, r0, n), w.wo, w.bo);
+    if (w.post_attn_norm.defined()) attn_out = RmsNorm(attn_out, w.post_attn_norm, eps);
+    at::Tensor out = h.narrow(0, r0, n) + attn_out;
+    // SwiGLU MLP block: silu(gate) * up, gate the first half of the fused rows.
     at::Tensor x = RmsNorm(out, w.mlp_norm, eps);
     std::vector<at::Tensor> gate_up = at::linear(x, w.w_gate_up).chunk(2, -1);
-    return out + at::linear(at::silu(gate_up[0]) * gate_up[1], w.w_down);
+    at::Tensor mlp_out = at::linear(at::silu(gate_up[0]) * gate_up[1], w.w_down);
+    if (w.post_mlp_norm.defined()) mlp_out = RmsNorm(mlp_out, w.post_mlp_norm, eps);
+    return out + mlp_out;
   });
 }
 
@@ -245,7 +269,7 @@ std::pair<at::Tensor, at::Tensor> Model::LayerKv(
   at::Tensor k = kv[0].view({n_q, n_kv, hd});
   at::Tensor v = kv[1].view({n_q, n_kv, hd});
   if (w.k_norm.defined()) k = RmsNorm(k, w.k_norm, eps);
-  k = ApplyRope(k.transpose(0, 1), rope.first, rope.second);
+  k = Rotate(k.transpose(0, 1), rope);
   return {k, v.transpose(0, 1)};
 }
 

@@ -1,4 +1,6 @@
-// A LLaMA-family decoder (LLaMA 2/3, Mistral, Qwen2, Qwen3) in libtorch.
+// A LLaMA-family decoder (LLaMA 2/3, Mistral, Qwen2, Qwen3, GLM, GLM-4) in
+// libtorch. GLM's differences are config fields (partial interleaved RoPE,
+// QKV bias, GLM-4's sandwich norms; docs/DESIGN.md "GLM and GLM-4").
 //
 // Config, weights and run state are kept apart (llama2.c style): ModelConfig
 // is plain data, ModelWeights holds tensors, and all per-request state lives in
@@ -38,10 +40,12 @@ struct LayerWeights {
   at::Tensor q_norm;     // [hd] or undefined (Qwen3 per-head RMSNorm)
   at::Tensor k_norm;     // [hd] or undefined
   at::Tensor wo;         // [d, H * hd]
-  at::Tensor bo;         // [d] or undefined (Llama attention_bias; never Qwen2)
+  at::Tensor bo;         // [d] or undefined (Llama attention_bias; never Qwen2, GLM)
+  at::Tensor post_attn_norm;  // [d] or undefined: GLM-4 norm of the attention output
   at::Tensor mlp_norm;   // [d]
-  at::Tensor w_gate_up;  // [2 * intermediate, d]: gate and up fused
+  at::Tensor w_gate_up;  // [2 * intermediate, d]: gate and up fused (GLM stores it so)
   at::Tensor w_down;     // [d, intermediate]
+  at::Tensor post_mlp_norm;   // [d] or undefined: GLM-4 norm of the MLP output
 };
 
 struct ModelWeights {
@@ -131,7 +135,9 @@ class Model {
   // The pieces Forward is made of, for callers that act between layers
   // (CacheBlend selects its tokens after layer 1).
   at::Tensor Embed(const at::Tensor& tokens) const;  // [q, d]
-  // cos/sin tables [q, hd] for `positions`.
+  // cos/sin tables [q, RotaryDim(config)] for `positions`, laid out for the
+  // config's pairing (rotate-half: the frequencies twice, cat; interleaved:
+  // each frequency twice in a row). Use them only with this model's Rotate.
   std::pair<at::Tensor, at::Tensor> RopeTables(const at::Tensor& positions) const;
   // One decoder layer for hidden states `h` [q, d] whose K/V go to `slots`.
   at::Tensor Layer(int layer, const at::Tensor& h, const at::Tensor& positions,
@@ -156,11 +162,13 @@ class Model {
   at::Tensor DecodeStep(const at::Tensor& tokens, const at::Tensor& positions,
                         const std::vector<KvCache*>& caches) const;
 
-  // Applies RoPE at `positions` to k ([n_heads, T, hd]); used to place
-  // pre-RoPE stored keys at global positions.
+  // Applies RoPE at `positions` to k ([n_heads, T, hd]) exactly as the
+  // forward does to q and k (the first RotaryDim dims, the config's
+  // pairing; the rest unchanged); used to place pre-RoPE stored keys at
+  // global positions.
   at::Tensor Rotate(const at::Tensor& k, const at::Tensor& positions) const;
   // Same with tables from RopeTables (reuse them across layers).
-  static at::Tensor Rotate(const at::Tensor& k, const std::pair<at::Tensor, at::Tensor>& rope);
+  at::Tensor Rotate(const at::Tensor& k, const std::pair<at::Tensor, at::Tensor>& rope) const;
 
   // Softmax attention of q [H, q, hd] over k, v [Hkv, N, hd] where query i
   // sees key j iff k_pos[j] <= q_pos[i]. With `keys_sorted` (k_pos
@@ -182,14 +190,15 @@ class Model {
   Qkv ProjectQkv(int layer, const at::Tensor& h, const std::pair<at::Tensor, at::Tensor>& rope,
                  at::Tensor* unrotated_keys) const;
   // The rest of a layer after attention: h + o_proj(attn), then the SwiGLU
-  // MLP block. attn [H, q, hd]; returns [q, d].
+  // MLP block (GLM-4: each block's output RMSNormed before its residual
+  // add). attn [H, q, hd]; returns [q, d].
   at::Tensor OutputAndMlp(int layer, const at::Tensor& h, const at::Tensor& attn) const;
 
   ModelConfig config_;
   ModelWeights weights_;
   c10::Device device_;
   c10::ScalarType dtype_;
-  at::Tensor inv_freq_;  // [hd/2] f64
+  at::Tensor inv_freq_;  // [RotaryDim/2] f64
   std::string fingerprint_;
 };
 

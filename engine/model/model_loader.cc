@@ -50,9 +50,15 @@ class WeightReader {
     lhs = *std::move(_r);                  \
   } while (0)
 
+// Tensor names are Hugging Face's: LlamaForCausalLM's for llama/mistral/
+// qwen2/qwen3; GlmForCausalLM / Glm4ForCausalLM's for glm/glm4, which differ
+// only in the fused mlp.gate_up_proj ([2 * intermediate, d], gate rows
+// first: HF GlmMLP chunks its output into gate, up), no o_proj bias, and
+// (glm4) post_self_attn_layernorm / post_mlp_layernorm.
 absl::StatusOr<ModelWeights> ReadWeights(const ModelConfig& c, const WeightReader& r) {
   const int64_t d = c.hidden_size, hd = c.head_dim, nh = c.num_attention_heads,
                 nkv = c.num_key_value_heads, ff = c.intermediate_size;
+  const bool glm = c.model_type == "glm" || c.model_type == "glm4";
   ModelWeights w;
   ASSIGN_OR_RETURN_TENSOR(w.embed, r.Read("model.embed_tokens.weight", {c.vocab_size, d}));
   ASSIGN_OR_RETURN_TENSOR(w.final_norm, r.Read("model.norm.weight", {d}));
@@ -83,15 +89,24 @@ absl::StatusOr<ModelWeights> ReadWeights(const ModelConfig& c, const WeightReade
     }
     ASSIGN_OR_RETURN_TENSOR(lw.wo, r.Read(p + "self_attn.o_proj.weight", {d, nh * hd}));
     // Hugging Face Llama/Mistral bias o_proj too when attention_bias is set;
-    // Qwen2 biases only q/k/v.
-    if (c.attention_bias && c.model_type != "qwen2") {
+    // Qwen2 and GLM bias only q/k/v.
+    if (c.attention_bias && c.model_type != "qwen2" && !glm) {
       ASSIGN_OR_RETURN_TENSOR(lw.bo, r.Read(p + "self_attn.o_proj.bias", {d}));
     }
     ASSIGN_OR_RETURN_TENSOR(lw.mlp_norm, r.Read(p + "post_attention_layernorm.weight", {d}));
-    ASSIGN_OR_RETURN_TENSOR(gate, r.Read(p + "mlp.gate_proj.weight", {ff, d}));
-    ASSIGN_OR_RETURN_TENSOR(up, r.Read(p + "mlp.up_proj.weight", {ff, d}));
-    lw.w_gate_up = at::cat({gate, up}, 0);
+    if (glm) {
+      ASSIGN_OR_RETURN_TENSOR(lw.w_gate_up, r.Read(p + "mlp.gate_up_proj.weight", {2 * ff, d}));
+    } else {
+      ASSIGN_OR_RETURN_TENSOR(gate, r.Read(p + "mlp.gate_proj.weight", {ff, d}));
+      ASSIGN_OR_RETURN_TENSOR(up, r.Read(p + "mlp.up_proj.weight", {ff, d}));
+      lw.w_gate_up = at::cat({gate, up}, 0);
+    }
     ASSIGN_OR_RETURN_TENSOR(lw.w_down, r.Read(p + "mlp.down_proj.weight", {d, ff}));
+    if (c.sandwich_norms) {
+      ASSIGN_OR_RETURN_TENSOR(lw.post_attn_norm,
+                              r.Read(p + "post_self_attn_layernorm.weight", {d}));
+      ASSIGN_OR_RETURN_TENSOR(lw.post_mlp_norm, r.Read(p + "post_mlp_layernorm.weight", {d}));
+    }
     w.layers.push_back(std::move(lw));
   }
   return w;

@@ -1,6 +1,7 @@
 #include "engine/model/test_model.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 #include "engine/text/bpe_trainer.h"
 #include "engine/checkpoint/safetensors.h"
 #include "engine/text/tokenizer.h"
@@ -18,6 +20,14 @@ namespace infoflow {
 namespace {
 
 const char* const kSpecialTokens[] = {"<s>", "</s>", "<|user|>", "<|assistant|>"};
+// GLM-4's special tokens, in the order of its tokenizer (ids 151329..).
+const char* const kGlmSpecialTokens[] = {"<|endoftext|>", "[MASK]",     "[gMASK]",  "[sMASK]",
+                                         "<sop>",         "<eop>",      "<|system|>", "<|user|>",
+                                         "<|assistant|>", "<|observation|>"};
+
+bool IsGlm(const std::string& model_type) {
+  return model_type == "glm" || model_type == "glm4";
+}
 
 // A small fixed English corpus for the tokenizer: enough to learn common
 // words, spaces and punctuation; everything else falls back to bytes.
@@ -50,6 +60,17 @@ std::vector<float> Normal(std::mt19937_64& rng, int64_t n, double stddev, double
 
 }  // namespace
 
+TestModelSpec DefaultTestModelSpec(const std::string& model_type) {
+  TestModelSpec spec;
+  spec.model_type = model_type;
+  if (IsGlm(model_type)) {
+    spec.bos_token = "";
+    spec.eos_tokens = {"<|endoftext|>", "<|user|>", "<|observation|>"};
+    spec.pad_token = "<|endoftext|>";
+  }
+  return spec;
+}
+
 ModelConfig TestModelConfig(const TestModelSpec& spec) {
   ModelConfig c;
   c.model_type = spec.model_type;
@@ -64,8 +85,13 @@ ModelConfig TestModelConfig(const TestModelSpec& spec) {
   c.rope_theta = spec.rope_theta;
   c.max_position_embeddings = spec.max_position_embeddings;
   c.tie_word_embeddings = spec.tie_word_embeddings;
-  c.attention_bias = spec.model_type == "qwen2";
+  c.attention_bias = spec.model_type == "qwen2" || IsGlm(spec.model_type);
   c.qk_norm = spec.model_type == "qwen3";
+  if (IsGlm(spec.model_type)) {
+    c.partial_rotary_factor = spec.partial_rotary_factor;
+    c.rope_interleaved = true;
+    c.sandwich_norms = spec.model_type == "glm4";
+  }
   c.bos_token_id = 1;  // WriteTestModel sets the trained tokenizer's <s>, </s> ids
   c.eos_token_ids = {2};
   c.torch_dtype = spec.dtype == "bf16" ? "bfloat16" : spec.dtype == "f16" ? "float16" : "float32";
@@ -89,6 +115,9 @@ absl::Status WriteTestModel(const std::string& dir, const TestModelSpec& spec) {
   absl::StatusOr<std::string> tok_json;
   if (spec.tokenizer_json_path.empty()) {
     std::vector<std::string> specials(std::begin(kSpecialTokens), std::end(kSpecialTokens));
+    if (IsGlm(spec.model_type)) {
+      specials.assign(std::begin(kGlmSpecialTokens), std::end(kGlmSpecialTokens));
+    }
     tok_json =
         TrainByteLevelBpeTokenizerJson(TokenizerCorpus(), static_cast<int>(c.vocab_size), specials);
   } else {
@@ -120,6 +149,12 @@ absl::Status WriteTestModel(const std::string& dir, const TestModelSpec& spec) {
     absl::StatusOr<int64_t> eos = id_of(e);
     if (!eos.ok()) return eos.status();
     c.eos_token_ids.push_back(*eos);
+  }
+  c.pad_token_id.reset();
+  if (!spec.pad_token.empty()) {
+    absl::StatusOr<int64_t> pad = id_of(spec.pad_token);
+    if (!pad.ok()) return pad.status();
+    c.pad_token_id = *pad;
   }
   std::vector<int64_t> generation_eos;
   for (const std::string& e : spec.generation_eos_tokens) {
@@ -162,9 +197,17 @@ absl::Status WriteTestModel(const std::string& dir, const TestModelSpec& spec) {
       add(p + "self_attn.k_norm.weight", {hd}, 0.1, 1.0);
     }
     add(p + "post_attention_layernorm.weight", {d}, 0.1, 1.0);
-    add(p + "mlp.gate_proj.weight", {ff, d}, proj);
-    add(p + "mlp.up_proj.weight", {ff, d}, proj);
+    if (IsGlm(c.model_type)) {
+      add(p + "mlp.gate_up_proj.weight", {2 * ff, d}, proj);  // gate rows, then up rows
+    } else {
+      add(p + "mlp.gate_proj.weight", {ff, d}, proj);
+      add(p + "mlp.up_proj.weight", {ff, d}, proj);
+    }
     add(p + "mlp.down_proj.weight", {d, ff}, 1.0 / std::sqrt(static_cast<double>(ff)));
+    if (c.sandwich_norms) {
+      add(p + "post_self_attn_layernorm.weight", {d}, 0.1, 1.0);
+      add(p + "post_mlp_layernorm.weight", {d}, 0.1, 1.0);
+    }
   }
   add("model.norm.weight", {d}, 0.1, 1.0);
   if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, d}, proj);
@@ -184,8 +227,37 @@ absl::Status WriteTestModel(const std::string& dir, const TestModelSpec& spec) {
     }
     to_write.push_back(t);
   }
-  absl::Status s = WriteSafetensors(dir + "/model.safetensors", to_write, {{"format", "pt"}});
-  if (!s.ok()) return s;
+  if (spec.shards <= 1) {
+    absl::Status s = WriteSafetensors(dir + "/model.safetensors", to_write, {{"format", "pt"}});
+    if (!s.ok()) return s;
+  } else {
+    // Contiguous runs of tensors (name order) per shard, and the index that
+    // maps each name to its file.
+    const size_t n_shards = std::min<size_t>(static_cast<size_t>(spec.shards), to_write.size());
+    nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+    uint64_t total_bytes = 0;
+    for (size_t shard = 0; shard < n_shards; ++shard) {
+      const size_t begin = shard * to_write.size() / n_shards;
+      const size_t end = (shard + 1) * to_write.size() / n_shards;
+      char file[64];
+      std::snprintf(file, sizeof(file), "model-%05zu-of-%05zu.safetensors", shard + 1, n_shards);
+      std::vector<TensorToWrite> part(to_write.begin() + begin, to_write.begin() + end);
+      absl::Status s = WriteSafetensors(dir + "/" + file, part, {{"format", "pt"}});
+      if (!s.ok()) return s;
+      for (const TensorToWrite& t : part) {
+        weight_map[t.name] = file;
+        uint64_t n = 1;
+        for (int64_t dim : t.shape) n *= static_cast<uint64_t>(dim);
+        total_bytes += n * (dtype == DType::kF32 ? 4 : 2);
+      }
+    }
+    nlohmann::ordered_json index;
+    index["metadata"] = {{"total_size", total_bytes}};
+    index["weight_map"] = weight_map;
+    std::ofstream idx(dir + "/model.safetensors.index.json");
+    idx << index.dump(2) << "\n";
+    if (!idx) return absl::InternalError("cannot write model.safetensors.index.json in " + dir);
+  }
 
   std::ofstream cfg(dir + "/config.json");
   cfg << ModelConfigToJson(c);

@@ -13,7 +13,10 @@
 namespace infoflow {
 
 struct TestModelSpec {
-  std::string model_type = "llama";  // llama | qwen2 (QKV bias) | qwen3 (q/k norm)
+  // llama | qwen2 (QKV bias) | qwen3 (q/k norm) | glm (QKV bias, fused
+  // gate_up, partial interleaved RoPE) | glm4 (glm + sandwich norms). Start
+  // from DefaultTestModelSpec(type) to get the family's special tokens.
+  std::string model_type = "llama";
   int64_t vocab_size = 512;          // >= 256 + special tokens: byte-level BPE
   int64_t hidden_size = 64;
   int64_t num_layers = 4;
@@ -24,7 +27,14 @@ struct TestModelSpec {
   double rope_theta = 10000.0;
   bool llama3_rope_scaling = false;  // Llama-3.1 style rope_scaling block
   bool tie_word_embeddings = false;
+  // glm/glm4 only (the other types rotate the whole head): config.json's
+  // partial_rotary_factor; RoPE rotates int(head_dim * factor) dims.
+  double partial_rotary_factor = 0.5;
   std::string dtype = "f32";  // stored dtype: f32 | bf16 | f16
+  // Number of safetensors files: 1 writes model.safetensors; N > 1 writes
+  // model-0000i-of-0000N.safetensors and model.safetensors.index.json (the
+  // Hugging Face sharded layout), the tensors split in name order.
+  int shards = 1;
   uint64_t seed = 0;
   // A tokenizer.json to ship instead of training one (e.g. a real Qwen3 or
   // Llama-3 file); the vocabulary grows to its size when that is larger.
@@ -36,7 +46,16 @@ struct TestModelSpec {
   std::string bos_token = "<s>";
   std::vector<std::string> eos_tokens = {"</s>"};
   std::vector<std::string> generation_eos_tokens;
+  // config.json's pad_token_id ("" = none).
+  std::string pad_token;
 };
+
+// The spec for `model_type` with its family's special tokens: for glm/glm4
+// GLM-4's ([gMASK], <sop>, <|system|>, <|user|>, <|assistant|>, ... in the
+// trained tokenizer; no bos_token_id; eos <|endoftext|>, <|user|>,
+// <|observation|> as GLM-4's config.json lists; pad <|endoftext|>), else
+// the LLaMA-style defaults above (<s>, </s>).
+TestModelSpec DefaultTestModelSpec(const std::string& model_type);
 
 // The ModelConfig `spec` describes.
 ModelConfig TestModelConfig(const TestModelSpec& spec);

@@ -1,6 +1,6 @@
-// infoflow-make-test-model: writes a tiny deterministic LLaMA-family model in
-// Hugging Face format (config.json, model.safetensors, tokenizer.json with a
-// real byte-level BPE) for tests, demos and benchmarks.
+// infoflow-make-test-model: writes a tiny deterministic LLaMA-family or GLM
+// model in Hugging Face format (config.json, model.safetensors or shards,
+// tokenizer.json with a real byte-level BPE) for tests, demos and benchmarks.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -11,14 +11,17 @@
 namespace {
 
 constexpr char kUsage[] =
-    "usage: infoflow-make-test-model --out DIR [--type llama|qwen2|qwen3] [--layers N]\n"
+    "usage: infoflow-make-test-model --out DIR [--type llama|qwen2|qwen3|glm|glm4] [--layers N]\n"
     "          [--hidden N] [--heads N] [--kv-heads N] [--ffn N] [--vocab N]\n"
     "          [--max-positions N] [--dtype f32|bf16|f16] [--llama3-rope-scaling]\n"
-    "          [--tie-embeddings] [--seed S]\n"
+    "          [--partial-rotary-factor F] [--tie-embeddings] [--shards N] [--seed S]\n"
     "          [--tokenizer-json FILE [--bos-token T] [--eos-token T]... [--generation-eos-token T]...]\n"
     "--tokenizer-json ships FILE (e.g. a real Qwen3/Llama-3 tokenizer.json) instead of the\n"
     "trained BPE; the vocabulary grows to its size. --bos-token '' = no bos_token_id.\n"
     "--generation-eos-token writes generation_config.json (its eos ids are stop ids too).\n"
+    "glm/glm4: GLM-4's special tokens ([gMASK], <sop>, <|user|>, ...), no BOS, eos\n"
+    "<|endoftext|>,<|user|>,<|observation|>; --partial-rotary-factor (default 0.5).\n"
+    "--shards N > 1 writes model-0000i-of-0000N.safetensors + model.safetensors.index.json.\n"
     "Random weights (seeded): the model computes, it does not know anything.\n"
     "Defaults: llama, 4 layers, hidden 64, 4/2 heads, ffn 128, vocab 512, f32, seed 0.\n";
 
@@ -27,7 +30,7 @@ constexpr char kUsage[] =
 int main(int argc, char** argv) {
   infoflow::TestModelSpec spec;
   std::string out;
-  bool eos_given = false;
+  bool eos_given = false, bos_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     auto value = [&]() -> const char* {
@@ -64,12 +67,17 @@ int main(int argc, char** argv) {
       spec.seed = std::strtoull(value(), nullptr, 10);
     } else if (f == "--llama3-rope-scaling") {
       spec.llama3_rope_scaling = true;
+    } else if (f == "--partial-rotary-factor") {
+      spec.partial_rotary_factor = std::atof(value());
+    } else if (f == "--shards") {
+      spec.shards = std::atoi(value());
     } else if (f == "--tie-embeddings") {
       spec.tie_word_embeddings = true;
     } else if (f == "--tokenizer-json") {
       spec.tokenizer_json_path = value();
     } else if (f == "--bos-token") {
       spec.bos_token = value();
+      bos_given = true;
     } else if (f == "--eos-token") {
       if (!eos_given) spec.eos_tokens.clear();
       eos_given = true;
@@ -85,8 +93,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--out is required\n\n%s", kUsage);
     return 2;
   }
-  if (spec.model_type != "llama" && spec.model_type != "qwen2" && spec.model_type != "qwen3") {
-    std::fprintf(stderr, "--type must be llama, qwen2 or qwen3\n");
+  if (spec.model_type != "llama" && spec.model_type != "qwen2" && spec.model_type != "qwen3" &&
+      spec.model_type != "glm" && spec.model_type != "glm4") {
+    std::fprintf(stderr, "--type must be llama, qwen2, qwen3, glm or glm4\n");
+    return 2;
+  }
+  // The family's special tokens unless the flags named others.
+  const infoflow::TestModelSpec family = infoflow::DefaultTestModelSpec(spec.model_type);
+  if (!bos_given) spec.bos_token = family.bos_token;
+  if (!eos_given) spec.eos_tokens = family.eos_tokens;
+  if (spec.tokenizer_json_path.empty()) spec.pad_token = family.pad_token;
+  if (spec.shards < 1 || !(spec.partial_rotary_factor > 0 && spec.partial_rotary_factor <= 1)) {
+    std::fprintf(stderr, "--shards must be >= 1 and --partial-rotary-factor in (0, 1]\n");
     return 2;
   }
   if (spec.num_heads <= 0 || spec.num_kv_heads <= 0 || spec.hidden_size % spec.num_heads != 0 ||

@@ -163,7 +163,7 @@ TEST_P(BatchDecode, DecodeStateBatchedEqualsDecodeAlone) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, BatchDecode, ::testing::Values("llama", "qwen3"));
+INSTANTIATE_TEST_SUITE_P(Models, BatchDecode, ::testing::Values("llama", "qwen3", "glm4"));
 
 }  // namespace
 }  // namespace infoflow

@@ -9,6 +9,7 @@
 #include "engine/blend/reposition.h"
 #include "engine/blend/scoring.h"
 #include "engine/blend/selection.h"
+#include "engine/text/tokenizer.h"
 #include "tests/engine/test_util.h"
 
 namespace infoflow {
@@ -407,7 +408,69 @@ TEST_P(InfoFlowTest, TextPrefixKeepsTheInvariants) {
             absl::StatusCode::kInvalidArgument);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, InfoFlowTest, ::testing::Values("llama", "qwen3"));
+// glm4-bos: GLM-4's architecture (partial interleaved RoPE, QKV bias, sandwich
+// norms) with <sop> as a BOS token, so every BOS-prefixed invariant above runs
+// on it too.
+INSTANTIATE_TEST_SUITE_P(Models, InfoFlowTest, ::testing::Values("llama", "qwen3", "glm4-bos"));
+
+// GLM as its chat format uses it: no BOS; the query prefix is [gMASK]<sop>
+// plus the system turn, chunks are prefilled alone after nothing (kNone).
+// r = 1 equals FULL for INFOFLOW and INFOFLOW_BLEND (and the other
+// recomputing methods), r = 0 equals NONE, and NONE is not FULL.
+class GlmInfoFlowTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GlmInfoFlowTest, RatioOneEqualsFullWithGlmPrefixAndNoBos) {
+  const std::string dir = testing::GeneratedModelDir(GetParam());
+  std::unique_ptr<Model> model = testing::LoadOrDie(dir);
+  ASSERT_NE(model, nullptr);
+  ASSERT_FALSE(model->config().bos_token_id.has_value());
+  const int vocab = static_cast<int>(model->config().vocab_size);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromFile(dir + "/tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  auto id = [&](const char* special) {
+    std::optional<int32_t> i = (*tok)->TokenToId(special);
+    EXPECT_TRUE(i.has_value()) << special;
+    return i.value_or(0);
+  };
+  QueryInput in;
+  in.prefix_ids = {id("[gMASK]"), id("<sop>"), id("<|system|>")};
+  for (int32_t t : Ids(9, 501, vocab)) in.prefix_ids.push_back(t);
+  in.prefix_ids.push_back(id("<|user|>"));
+  in.chunk_prefix_mode = PrefixMode::kNone;
+  for (int i = 0; i < 4; ++i) {
+    auto kv = PrefillChunk(*model, Ids(12 + 5 * i, 510 + i, vocab), PrefixMode::kNone);
+    ASSERT_TRUE(kv.ok()) << kv.status();
+    in.chunks.push_back(std::make_shared<ChunkKv>(*std::move(kv)));
+  }
+  in.question_ids = Ids(6, 599, vocab);
+  in.prompt_ids = in.question_ids;
+  auto prompt_logits = [&](const MethodOptions& o) {
+    absl::StatusOr<BlendedContext> ctx = BuildContext(*model, in, o);
+    EXPECT_TRUE(ctx.ok()) << ctx.status();
+    if (!ctx.ok()) return at::zeros({1});
+    ForwardOptions all;
+    all.logits = ForwardOptions::Logits::kAll;
+    return PrefillTokens(*model, in.prompt_ids, ctx->next_position, &ctx->cache, all).logits;
+  };
+  MethodOptions full;
+  full.method = Method::kFull;
+  const at::Tensor ref = prompt_logits(full);
+  MethodOptions none;
+  none.method = Method::kNone;
+  const at::Tensor base = prompt_logits(none);
+  EXPECT_GT(MaxAbsDiff(base, ref), 1e-3);  // NONE is not exact, so the checks can fail
+  for (Method m : {Method::kInfoFlow, Method::kInfoFlowBlend, Method::kCacheBlendPartial,
+                   Method::kRandom}) {
+    MethodOptions o;
+    o.method = m;
+    o.ratio = 1.0;
+    EXPECT_LE(MaxAbsDiff(prompt_logits(o), ref), 1e-4) << MethodName(m);
+    o.ratio = 0.0;
+    EXPECT_LE(MaxAbsDiff(prompt_logits(o), base), 1e-5) << MethodName(m);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GlmInfoFlowTest, ::testing::Values("glm", "glm4"));
 
 TEST(Selection, TopKIsSortedStableAndRespectsEligibility) {
   at::Tensor s = at::tensor({0.5, 0.9, 0.9, 0.1, 0.7}, at::kDouble);

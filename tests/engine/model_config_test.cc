@@ -107,6 +107,44 @@ std::string MinimalWith(const std::string& field) {
   return std::string("{") + field + "," + (kMinimal + 1);
 }
 
+// GLM-4-0414 style (Glm4ForCausalLM): the fields and values of the 9B
+// config.json as transformers 4.51 writes it (no download is possible here).
+constexpr char kGlm4[] = R"({
+  "architectures": ["Glm4ForCausalLM"],
+  "attention_bias": true,
+  "attention_dropout": 0.0,
+  "eos_token_id": [151329, 151336, 151338],
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 13696,
+  "max_position_embeddings": 32768,
+  "model_type": "glm4",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 40,
+  "num_key_value_heads": 2,
+  "pad_token_id": 151329,
+  "partial_rotary_factor": 0.5,
+  "rms_norm_eps": 1e-05,
+  "rope_theta": 10000.0,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.3",
+  "use_cache": true,
+  "vocab_size": 151552
+})";
+
+// A glm config giving only the sizes: the rest are GlmConfig's defaults.
+constexpr char kGlmMinimal[] = R"({
+  "model_type": "glm",
+  "vocab_size": 64,
+  "hidden_size": 256,
+  "intermediate_size": 64,
+  "num_hidden_layers": 2,
+  "num_attention_heads": 2
+})";
+
 TEST(ModelConfigTest, Stories260K) {
   absl::StatusOr<ModelConfig> c =
       LoadModelConfig(INFOFLOW_STORIES260K_DIR);
@@ -275,8 +313,82 @@ TEST(ModelConfigTest, ErrorsNameTheField) {
   EXPECT_TRUE(absl::IsNotFound(missing.status()));
 }
 
+TEST(ModelConfigTest, Glm4) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(kGlm4);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, "glm4");
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->num_key_value_heads, 2);
+  EXPECT_DOUBLE_EQ(c->partial_rotary_factor, 0.5);
+  EXPECT_EQ(RotaryDim(*c), 64);
+  EXPECT_TRUE(c->rope_interleaved);
+  EXPECT_TRUE(c->sandwich_norms);
+  EXPECT_TRUE(c->attention_bias);
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_DOUBLE_EQ(c->rms_norm_eps, 1e-5);
+  EXPECT_FALSE(c->bos_token_id.has_value());
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(151329, 151336, 151338));
+  EXPECT_EQ(c->pad_token_id, 151329);
+  EXPECT_EQ(RopeInverseFrequencies(*c).size(), 32u);
+  // glm differs from glm4 only by the sandwich norms.
+  std::string glm = kGlm4;
+  glm.replace(glm.find("\"glm4\""), 6, "\"glm\"");
+  c = ParseModelConfig(glm);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->rope_interleaved);
+  EXPECT_FALSE(c->sandwich_norms);
+}
+
+TEST(ModelConfigTest, GlmDefaultsAreGlmConfigs) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(kGlmMinimal);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 128);  // not hidden / heads
+  EXPECT_EQ(c->num_key_value_heads, 2);
+  EXPECT_DOUBLE_EQ(c->partial_rotary_factor, 0.5);
+  EXPECT_DOUBLE_EQ(c->rms_norm_eps, 1.5625e-7);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 10000.0);
+  EXPECT_TRUE(c->attention_bias);
+  EXPECT_EQ(c->max_position_embeddings, 131072);
+  EXPECT_FALSE(c->sandwich_norms);
+  // transformers v5's rope_parameters carries theta and the rotary factor.
+  std::string v5 = kGlmMinimal;
+  v5.insert(v5.rfind('}'), R"(, "rope_parameters": {"rope_type": "default",
+      "rope_theta": 500000.0, "partial_rotary_factor": 0.25})");
+  c = ParseModelConfig(v5);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->rope_theta, 500000.0);
+  EXPECT_EQ(RotaryDim(*c), 32);
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kNone);
+}
+
+TEST(ModelConfigTest, GlmErrorsNameTheField) {
+  auto glm_with = [](const std::string& fields) {
+    std::string s = kGlmMinimal;
+    s.insert(s.rfind('}'), ", " + fields);
+    return s;
+  };
+  EXPECT_THAT(ErrorOf(glm_with(R"("partial_rotary_factor": 0)")),
+              HasSubstr("'partial_rotary_factor'"));
+  EXPECT_THAT(ErrorOf(glm_with(R"("partial_rotary_factor": 1.5)")),
+              HasSubstr("'partial_rotary_factor'"));
+  // int(128 * 0.3) = 38 is even, int(128 * 0.3046875) = 39 is not.
+  EXPECT_TRUE(ParseModelConfig(glm_with(R"("partial_rotary_factor": 0.3)")).ok());
+  EXPECT_THAT(ErrorOf(glm_with(R"("partial_rotary_factor": 0.3046875)")),
+              ::testing::AllOf(HasSubstr("'partial_rotary_factor'"), HasSubstr("39")));
+  EXPECT_THAT(ErrorOf(glm_with(R"("hidden_act": "gelu")")), HasSubstr("'hidden_act'"));
+  EXPECT_THAT(ErrorOf(glm_with(R"("rope_parameters": 3)")), HasSubstr("'rope_parameters'"));
+  // Partial RoPE on a model type whose forward rotates the whole head.
+  EXPECT_THAT(ErrorOf(MinimalWith(R"("partial_rotary_factor": 0.5)")),
+              ::testing::AllOf(HasSubstr("'partial_rotary_factor'"), HasSubstr("llama")));
+  EXPECT_TRUE(ParseModelConfig(MinimalWith(R"("partial_rotary_factor": 1.0)")).ok());
+  EXPECT_THAT(ErrorOf(MinimalWith(R"("mlp_bias": true)")), HasSubstr("'mlp_bias'"));
+  std::string chatglm = kGlmMinimal;
+  chatglm.replace(chatglm.find("\"glm\""), 5, "\"chatglm\"");
+  EXPECT_THAT(ErrorOf(chatglm), ::testing::AllOf(HasSubstr("model_type"), HasSubstr("chatglm")));
+}
+
 TEST(ModelConfigTest, JsonRoundTrip) {
-  for (const char* text : {kQwen2, kQwen3, kLlama31, kMinimal}) {
+  for (const char* text : {kQwen2, kQwen3, kLlama31, kMinimal, kGlm4, kGlmMinimal}) {
     absl::StatusOr<ModelConfig> c = ParseModelConfig(text);
     ASSERT_TRUE(c.ok()) << c.status();
     const std::string json = ModelConfigToJson(*c);
@@ -304,6 +416,10 @@ TEST(ModelConfigTest, JsonRoundTrip) {
     EXPECT_EQ(back->tie_word_embeddings, c->tie_word_embeddings);
     EXPECT_EQ(back->attention_bias, c->attention_bias);
     EXPECT_EQ(back->qk_norm, c->qk_norm);
+    EXPECT_EQ(back->partial_rotary_factor, c->partial_rotary_factor);
+    EXPECT_EQ(back->rope_interleaved, c->rope_interleaved);
+    EXPECT_EQ(back->sandwich_norms, c->sandwich_norms);
+    EXPECT_EQ(back->pad_token_id, c->pad_token_id);
     EXPECT_EQ(back->bos_token_id, c->bos_token_id);
     EXPECT_EQ(back->eos_token_ids, c->eos_token_ids);
     EXPECT_EQ(back->torch_dtype, c->torch_dtype);
@@ -358,6 +474,19 @@ TEST(RopeTest, Default) {
   // theta 16, head_dim 4: 1, 16^(-1/2) = 0.25.
   inv = RopeInverseFrequencies(RopeConfig(16, 4));
   EXPECT_THAT(inv, ElementsAre(1.0, 0.25));
+}
+
+// Partial rotary: the exponent's denominator is the rotary dim, not head_dim
+// (HF: 1 / base ** (arange(0, dim, 2) / dim), dim = int(head_dim * factor)).
+TEST(RopeTest, PartialRotaryUsesTheRotaryDim) {
+  ModelConfig c = RopeConfig(10000, 16);
+  c.partial_rotary_factor = 0.5;
+  std::vector<double> inv = RopeInverseFrequencies(c);
+  ASSERT_EQ(inv.size(), 4u);
+  EXPECT_DOUBLE_EQ(inv[0], 1.0);
+  EXPECT_DOUBLE_EQ(inv[1], 0.1);
+  EXPECT_DOUBLE_EQ(inv[2], 0.01);
+  EXPECT_DOUBLE_EQ(inv[3], 0.001);
 }
 
 TEST(RopeTest, Linear) {

@@ -2,6 +2,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 #include "engine/blend/reposition.h"
@@ -101,6 +102,7 @@ TEST_P(ModelExactness, RotateThenUnrotateIsIdentity) {
 
 // Chunk prefill after BOS drops the BOS KV and keeps positions 1..n.
 TEST_P(ModelExactness, BosPrefixChunkEqualsFullPrefillAfterBos) {
+  if (!model_->config().bos_token_id.has_value()) GTEST_SKIP() << "config has no bos_token_id";
   const int vocab = static_cast<int>(model_->config().vocab_size);
   const auto chunk = Ids(25, 5, vocab);
   std::vector<int32_t> all = {static_cast<int32_t>(model_->config().bos_token_id.value_or(1))};
@@ -129,12 +131,56 @@ TEST_P(ModelExactness, PrefillChunkRejectsBadInput) {
 
 INSTANTIATE_TEST_SUITE_P(Models, ModelExactness,
                          ::testing::Values("stories260K", "llama", "qwen2", "qwen3",
-                                           "llama3-scaled", "bf16"),
+                                           "llama3-scaled", "bf16", "glm", "glm4", "glm4-bos"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n) c = isalnum(c) ? c : '_';
                            return n;
                          });
+
+// GLM's RoPE on a unit vector: pair (2i, 2i+1) of the first rotary_dim =
+// int(head_dim * partial_rotary_factor) dims turns by position * f_i with
+// f_i = theta^(-2i / rotary_dim); the dims after rotary_dim pass unchanged.
+TEST(GlmRope, PartialInterleavedRotation) {
+  auto model = testing::LoadOrDie(testing::GeneratedModelDir("glm4"));
+  ASSERT_NE(model, nullptr);
+  const ModelConfig& c = model->config();
+  const int64_t hd = c.head_dim, rd = RotaryDim(c);
+  ASSERT_EQ(rd, hd / 2);
+  const int64_t pos = 7;
+  for (int64_t i = 0; i < rd / 2; ++i) {
+    const double angle = pos * std::pow(c.rope_theta, -2.0 * i / rd);
+    at::Tensor k = at::zeros({1, 1, hd});
+    k[0][0][2 * i] = 1.0;  // the pair's first dim
+    at::Tensor r = model->Rotate(k, at::full({1}, pos, at::kLong))[0][0];
+    at::Tensor want = at::zeros({hd});
+    want[2 * i] = std::cos(angle);
+    want[2 * i + 1] = std::sin(angle);
+    EXPECT_LE(MaxAbsDiff(r, want), 1e-6) << "pair " << i;
+    k = at::zeros({1, 1, hd});
+    k[0][0][2 * i + 1] = 1.0;  // its second dim
+    r = model->Rotate(k, at::full({1}, pos, at::kLong))[0][0];
+    want = at::zeros({hd});
+    want[2 * i] = -std::sin(angle);
+    want[2 * i + 1] = std::cos(angle);
+    EXPECT_LE(MaxAbsDiff(r, want), 1e-6) << "pair " << i;
+  }
+  at::Tensor k = at::randn({2, 3, hd});
+  at::Tensor r = model->Rotate(k, at::tensor({5, 100, 4000}, at::kLong));
+  EXPECT_TRUE(at::equal(r.narrow(-1, rd, hd - rd), k.narrow(-1, rd, hd - rd)));
+}
+
+// The same weights written as one file and as 3 shards load to the same model.
+TEST(GlmCheckpoint, ShardedEqualsSingleFile) {
+  auto single = testing::LoadOrDie(testing::GeneratedModelDir("glm4"));
+  auto sharded = testing::LoadOrDie(testing::GeneratedModelDir("glm4-sharded"));
+  ASSERT_NE(single, nullptr);
+  ASSERT_NE(sharded, nullptr);
+  const auto ids = Ids(20, 9, static_cast<int>(single->config().vocab_size));
+  KvCache a(single->n_layers()), b(sharded->n_layers());
+  EXPECT_TRUE(at::equal(PrefillTokens(*single, ids, 0, &a, AllLogits()).logits,
+                        PrefillTokens(*sharded, ids, 0, &b, AllLogits()).logits));
+}
 
 }  // namespace
 }  // namespace infoflow

@@ -1,6 +1,7 @@
-// The engine against an independent implementation: tests/reference/llama_ref.py
-// (Python + numpy, float64, written from the Hugging Face model definitions
-// without reading engine/). Needs /usr/bin/python3 with numpy (python3-numpy).
+// The engine against independent implementations: tests/reference/llama_ref.py
+// (LLaMA/Qwen) and tests/reference/glm_ref.py (GLM/GLM-4), Python + numpy,
+// float64, written from the Hugging Face model definitions without reading
+// engine/. Needs /usr/bin/python3 with numpy (python3-numpy).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -57,9 +58,11 @@ TEST_P(ReferenceLogits, MatchIndependentImplementation) {
   auto model = testing::LoadOrDie(dir);
   ASSERT_NE(model, nullptr);
   const auto ids = Ids(48, 11, static_cast<int>(model->config().vocab_size));
+  const bool glm = model->config().rope_interleaved;  // glm, glm4
+  const std::string script = glm ? "glm_ref.py" : "llama_ref.py";
   const std::string out =
-      RunCapture(std::string(kPython) + " " INFOFLOW_SOURCE_DIR "/tests/reference/llama_ref.py logits --model " +
-                 dir + " --ids " + absl::StrJoin(ids, ",") + " --json");
+      RunCapture(std::string(kPython) + " " INFOFLOW_SOURCE_DIR "/tests/reference/" + script +
+                 " logits --model " + dir + " --ids " + absl::StrJoin(ids, ",") + " --json");
   nlohmann::json j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
   ASSERT_TRUE(j.is_object() && j.contains("logits")) << out.substr(0, 500);
   std::vector<double> flat;
@@ -76,7 +79,8 @@ TEST_P(ReferenceLogits, MatchIndependentImplementation) {
 
 INSTANTIATE_TEST_SUITE_P(Models, ReferenceLogits,
                          ::testing::Values("stories260K", "llama", "qwen2", "qwen3",
-                                           "llama3-scaled", "bf16"),
+                                           "llama3-scaled", "bf16", "glm", "glm4",
+                                           "glm4-sharded", "glm-full-rotary", "glm4-bf16"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n) c = isalnum(c) ? c : '_';

@@ -35,7 +35,9 @@ inline std::vector<int32_t> Ids(int n, int seed, int vocab) {
 std::unique_ptr<Model> LoadOrDie(const std::string& dir);
 
 // Directory of a generated test model (written once per process under the
-// test data dir). kind: "llama", "qwen2", "qwen3", "llama3-scaled".
+// test data dir). kind: "llama", "qwen2", "qwen3", "llama3-scaled", "bf16",
+// "glm", "glm4", "glm4-sharded" (3 safetensors shards), "glm4-bos" (<sop>
+// as bos_token_id), "glm-full-rotary" (partial_rotary_factor 1), "glm4-bf16".
 std::string GeneratedModelDir(const std::string& kind);
 
 }  // namespace infoflow::testing

@@ -339,6 +339,88 @@ INSTANTIATE_TEST_SUITE_P(RealTokenizers, ChatFormatTest,
                          ::testing::Values(&Qwen3Family, &Llama3Family),
                          [](const auto& info) { return std::string(info.param().name); });
 
+// GLM-4 through the server with the glm4 --chat preset (issue 31): a
+// generated GLM-4 model (partial interleaved RoPE, sandwich norms) whose
+// trained tokenizer has GLM-4's special tokens (no real GLM tokenizer is
+// available). The model has no bos_token_id, so the server prefills chunks
+// after nothing (PREFIX_MODE_NONE) and [gMASK]<sop> come from the preset's
+// prefix; generation stops at config.json's eos list. The answer equals an
+// in-process FULL prefill of prefix + chunks + template for FULL, INFOFLOW
+// and INFOFLOW_BLEND at r = 1.
+TEST(GlmChatFormatTest, ServerAnswerEqualsInProcessFullPrefill) {
+  const std::string dir = DataDir() + "/instruct_glm4";
+  if (!fs::exists(dir + "/config.json")) {
+    TestModelSpec spec = DefaultTestModelSpec("glm4");
+    spec.num_layers = 2;
+    spec.seed = 21;
+    const std::string tmp = dir + ".tmp" + std::to_string(getpid());
+    absl::Status s = WriteTestModel(tmp, spec);
+    ASSERT_TRUE(s.ok()) << s;
+    fs::rename(tmp, dir);
+  }
+  Server srv;
+  ASSERT_NO_FATAL_FAILURE(srv.Start(dir));
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(dir);
+  ASSERT_TRUE(model.ok()) << model.status();
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromFile(dir + "/tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const Tokenizer& t = **tok;
+  auto id = [&](const char* special) { return *t.TokenToId(special); };
+
+  grpc::ClientContext info_ctx;
+  v1::ModelInfoResponse info;
+  ASSERT_TRUE(srv.admin->ModelInfo(&info_ctx, v1::ModelInfoRequest(), &info).ok());
+  EXPECT_FALSE(info.has_bos_token_id());
+  const std::vector<int32_t> stop_ids = {id("<|endoftext|>"), id("<|user|>"),
+                                         id("<|observation|>")};
+  EXPECT_EQ(std::vector<int32_t>(info.stop_ids().begin(), info.stop_ids().end()), stop_ids);
+
+  const std::optional<cli::ChatPreset> preset =
+      cli::FindChatPreset("glm4", "Answer from the documents only.");
+  ASSERT_TRUE(preset.has_value());
+  const std::string& tmpl = preset->prompt_template;
+  const size_t at = tmpl.find("{question}");
+  ASSERT_NE(at, std::string::npos);
+  const std::vector<int32_t> prefix_ids = t.EncodePieces({{preset->prefix, true}});
+  ASSERT_GE(prefix_ids.size(), 3u);
+  EXPECT_EQ(prefix_ids[0], id("[gMASK]"));
+  EXPECT_EQ(prefix_ids[1], id("<sop>"));
+  EXPECT_EQ(prefix_ids[2], id("<|system|>"));
+  EXPECT_TRUE(Contains(prefix_ids, id("<|user|>")));
+  std::vector<int32_t> context_ids;
+  for (const std::string& c : kChunks) context_ids = Concat(context_ids, t.EncodePieces({{c, false}}));
+  const std::vector<int32_t> prompt_ids = t.EncodePieces(
+      {{std::string_view(tmpl).substr(0, at), true},
+       {kQuestion, false},
+       {std::string_view(tmpl).substr(at + std::string_view("{question}").size()), true}});
+  EXPECT_TRUE(Contains(prompt_ids, id("<|assistant|>")));
+  const int max_new = 12;
+  const std::vector<int32_t> expected = GreedyFullPrefill(
+      **model, Concat(Concat(prefix_ids, context_ids), prompt_ids), stop_ids, max_new);
+  ASSERT_FALSE(expected.empty());
+
+  v1::QueryRequest req;
+  for (const std::string& c : kChunks) req.add_chunks()->set_text(c);
+  req.set_prefix(preset->prefix);
+  req.set_prompt_template(tmpl);
+  req.set_question(kQuestion);
+  req.set_max_new_tokens(max_new);
+  req.set_return_report(true);
+  for (const v1::Method m : {v1::METHOD_FULL, v1::METHOD_INFOFLOW, v1::METHOD_INFOFLOW_BLEND}) {
+    SCOPED_TRACE(v1::Method_Name(m));
+    req.set_method(m);
+    req.mutable_ratio()->set_value(1.0);
+    const Answer a = Ask(srv.query.get(), req);
+    ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+    EXPECT_EQ(a.ids, expected);
+    EXPECT_EQ(a.report.prefix_tokens(), static_cast<int64_t>(prefix_ids.size()));
+    EXPECT_EQ(a.report.context_tokens(), static_cast<int64_t>(context_ids.size()));
+  }
+  // Asking for BOS chunks on a model without a BOS is refused, not made up.
+  req.set_prefix_mode(v1::PREFIX_MODE_BOS);
+  EXPECT_EQ(Ask(srv.query.get(), req).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 std::string Scrape(int port) {
   std::string out;
   const std::string cmd = "curl -sf http://127.0.0.1:" + std::to_string(port) + "/metrics";
