@@ -68,6 +68,8 @@ struct HttpFrontend::Impl {
   struct ActiveGuard {
     Impl* impl;
     ~ActiveGuard() { impl->Leave(); }
+    ActiveGuard(const ActiveGuard&) = delete;
+    ActiveGuard& operator=(const ActiveGuard&) = delete;
   };
 
   // Counts a request for graceful shutdown; false when shutting down.
@@ -176,7 +178,8 @@ void HttpFrontend::Impl::HandleQuery(const httplib::Request& req, httplib::Respo
     LogHttp(req, res.status, "shutting down");
     return;
   }
-  auto guard = std::make_shared<ActiveGuard>(ActiveGuard{this});
+  // Not make_shared(ActiveGuard{this}): that temporary's destructor would Leave() too.
+  std::shared_ptr<ActiveGuard> guard(new ActiveGuard{this});
   // Every check before any work, in the order a client can fix them.
   if (absl::Status s = CheckAuth(req); !s.ok()) {
     SetError(res, ErrorFromStatus(s));
