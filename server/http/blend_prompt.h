@@ -1,4 +1,4 @@
-// LMCache's blend convention for OpenAI-style prompts (docs/DESIGN.md §16):
+// LMCache's blend convention for OpenAI-style prompts (docs/DESIGN.md §14):
 // a prompt "P # # C1 # # ... # # Cn # # Q", split on a separator string,
 // becomes a Query with prefix P, chunks C1..Cn (stored and looked up by
 // content hash, as gRPC text chunks are) and question Q under the prompt

@@ -1,5 +1,5 @@
 // HttpFrontend: the OpenAI-compatible HTTP/1.1 listener of infoflow-server
-// (--http-listen; docs/DESIGN.md §16), on cpp-httplib.
+// (--http-listen; docs/DESIGN.md §14), on cpp-httplib.
 //
 //   POST /v1/completions        prompt "prefix # # chunk # # ... # # question"
 //   POST /v1/chat/completions   the same convention in the last user message
