@@ -181,7 +181,7 @@ absl::Status ParseExtension(const json& ext, v1::QueryRequest* q, bool* report, 
   for (const auto& [key, value] : ext.items()) {
     bool known = false;
     for (const char* k : kKeys) known = known || key == k;
-    if (!known) return Bad("infoflow." + key, "unknown field");
+    if (!known) return Bad("infoflow", absl::StrCat("unknown field '", key, "'"));
   }
   std::string method;
   if (absl::Status s = GetString(ext, "method", &method); !s.ok()) return Bad("infoflow.method", "expected a string");
