@@ -22,6 +22,7 @@
 #include "engine/model/runtime.h"
 #include "engine/model/test_model.h"
 #include "engine/text/tokenizer.h"
+#include "server/http/http_frontend.h"
 #include "server/idle_trimmer.h"
 #include "server/services.h"
 
@@ -57,6 +58,7 @@ struct InfoflowServer::State {
   std::unique_ptr<QueryService> query;
   std::unique_ptr<AdminService> admin;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<http::HttpFrontend> http;  // --http-listen; null when off
   int port = 0;
   std::once_flag shutdown_once;
 };
@@ -66,6 +68,7 @@ InfoflowServer::InfoflowServer(std::unique_ptr<State> state) : s_(std::move(stat
 InfoflowServer::~InfoflowServer() {
   Shutdown(std::chrono::milliseconds(2000));
   s_->server.reset();
+  s_->http.reset();
   // No call is left: stop the engine threads before the metrics they report into go.
   s_->trimmer.reset();
   s_->pool_releaser.reset();
@@ -246,11 +249,34 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
   if (!s->server || s->port == 0) {
     return absl::UnavailableError(absl::StrCat("--listen ", options.listen, ": cannot bind"));
   }
+  if (!options.http_listen.empty()) {
+    http::HttpFrontendOptions ho;
+    ho.listen = options.http_listen;
+    ho.blend_separator = options.blend_separator;
+    ho.chat_format = options.http_chat_format;
+    ho.model_dir = s->model_dir;
+    ho.max_body_bytes = options.http_max_body_bytes;
+    // A thread per admitted or queued request, and a few for /health and
+    // refusals: the scheduler's limits, not the pool, decide who waits.
+    ho.threads = options.workers + options.queue_depth + 8;
+    absl::StatusOr<std::unique_ptr<http::HttpFrontend>> h = http::HttpFrontend::Start(&s->deps, ho);
+    if (!h.ok()) {
+      s->server->Shutdown();
+      return h.status();
+    }
+    s->http = *std::move(h);
+  }
   const std::string host = options.listen.substr(0, options.listen.rfind(':'));
   std::fprintf(stderr, "model %s fingerprint=%s device=%s\n", s->model_dir.c_str(),
                s->model->fingerprint().substr(0, 16).c_str(), s->model->device().str().c_str());
   std::fprintf(stderr, "listening on %s:%d%s\n", host.c_str(), s->port,
                options.tls_cert.empty() ? "" : " (tls)");
+  if (s->http) {
+    const std::string hhost = options.http_listen.substr(0, options.http_listen.rfind(':'));
+    std::fprintf(stderr, "http on http://%s:%d (OpenAI API; chat format %s, blend separator \"%s\")\n",
+                 hhost.c_str(), s->http->port(), s->http->chat_format().c_str(),
+                 options.blend_separator.c_str());
+  }
   if (s->metrics) {
     const std::string mhost = options.metrics_listen.substr(0, options.metrics_listen.rfind(':'));
     std::fprintf(stderr, "metrics on http://%s:%d/metrics\n", mhost.c_str(), s->metrics->port());
@@ -259,13 +285,19 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
 }
 
 int InfoflowServer::port() const { return s_->port; }
+int InfoflowServer::http_port() const { return s_->http ? s_->http->port() : 0; }
 int InfoflowServer::metrics_port() const { return s_->metrics ? s_->metrics->port() : 0; }
 const std::string& InfoflowServer::model_dir() const { return s_->model_dir; }
 
 void InfoflowServer::Shutdown(std::chrono::milliseconds grace) {
   std::call_once(s_->shutdown_once, [&] {
+    // One grace for both front ends: HTTP refuses new requests at once, and
+    // its running ones get what is left once gRPC's have finished.
+    const auto deadline = std::chrono::steady_clock::now() + grace;
+    if (s_->http) s_->http->BeginShutdown();
     if (auto* health = s_->server->GetHealthCheckService()) health->Shutdown();
     s_->server->Shutdown(std::chrono::system_clock::now() + grace);
+    if (s_->http) s_->http->FinishShutdown(deadline);
   });
 }
 

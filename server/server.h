@@ -1,6 +1,7 @@
 // InfoflowServer: loads the model and tokenizer, opens the chunk store,
-// starts /metrics and the gRPC server (ChunkIngest, Query, Admin, health,
-// reflection). Used by the infoflow-server binary and by tests in-process.
+// starts /metrics, the gRPC server (ChunkIngest, Query, Admin, health,
+// reflection) and, with --http-listen, the OpenAI-compatible HTTP front end.
+// Used by the infoflow-server binary and by tests in-process.
 #ifndef INFOFLOW_SERVER_SERVER_H_
 #define INFOFLOW_SERVER_SERVER_H_
 
@@ -27,6 +28,7 @@ class InfoflowServer {
 
   int port() const;          // bound gRPC port
   int metrics_port() const;  // bound /metrics port, 0 when disabled
+  int http_port() const;     // bound --http-listen port, 0 when disabled
   const std::string& model_dir() const;
 
   // Stops accepting calls, lets running ones finish for up to `grace`, then

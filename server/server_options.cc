@@ -76,6 +76,17 @@ const char kServerUsage[] =
     "                          consecutive failures the tier is skipped for 2 s\n"
     "  --remote-ttl-s N        expiry of records written to the cluster (default 0 = none)\n"
     "  --remote-auth-file F    Redis AUTH: F holds 'password', or 'user' and 'password' lines\n"
+    "  --http-listen H:P       OpenAI-compatible HTTP API (POST /v1/completions,\n"
+    "                          /v1/chat/completions, GET /v1/models, /health) on H:P; shares\n"
+    "                          the scheduler, limits, auth token and metrics with gRPC\n"
+    "                          (default '' = off; port 0 = ephemeral)\n"
+    "  --blend-separator S     splits an HTTP prompt (or last user message) into prefix,\n"
+    "                          chunks and question, as LMCache's blend_special_str\n"
+    "                          (default ' # # ')\n"
+    "  --http-chat-format F    chat format of /v1/chat/completions: auto (from the model's\n"
+    "                          tokenizer_config.json chat_template, else its model_type),\n"
+    "                          qwen, llama3, mistral or plain (default auto)\n"
+    "  --http-max-body-bytes N larger HTTP request bodies are refused with 413 (default 16 MiB)\n"
     "  --config FILE           key=value lines with the flag names above\n";
 
 namespace {
@@ -140,6 +151,19 @@ absl::Status Apply(ServerOptions* o, const std::string& name, const std::string&
   else if (name == "remote-timeout-ms") return num(&o->remote_timeout_ms, 1);
   else if (name == "remote-ttl-s") return num(&o->remote_ttl_s, 0);
   else if (name == "remote-auth-file") o->remote_auth_file = value;
+  else if (name == "http-listen") o->http_listen = value;
+  else if (name == "blend-separator") {
+    if (value.empty()) return absl::InvalidArgumentError("--blend-separator: must not be empty");
+    o->blend_separator = value;
+  } else if (name == "http-chat-format") {
+    if (value != "auto" && value != "qwen" && value != "llama3" && value != "mistral" &&
+        value != "plain") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--http-chat-format: expected auto, qwen, llama3, mistral or plain, got '", value, "'"));
+    }
+    o->http_chat_format = value;
+  }
+  else if (name == "http-max-body-bytes") return num(&o->http_max_body_bytes, 1024);
   else if (name == "min-free-disk-bytes") return num(&o->min_free_disk_bytes, 0);
   else if (name == "max-prompt-tokens") return num(&o->max_prompt_tokens, 1);
   else if (name == "max-prefix-tokens") return num(&o->max_prefix_tokens, 1);

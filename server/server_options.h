@@ -77,6 +77,16 @@ struct ServerOptions {
   int64_t remote_ttl_s = 0;     // expiry of written records; 0 = none
   // Redis AUTH: one line "password", or two lines "user" then "password".
   std::string remote_auth_file;
+  // OpenAI-compatible HTTP front end (server/http/http_frontend.h):
+  // "host:port", port 0 = ephemeral; "" = off.
+  std::string http_listen;
+  // Splits an HTTP prompt into prefix, chunks and question (LMCache's
+  // blend_special_str).
+  std::string blend_separator = " # # ";
+  // Chat format of /v1/chat/completions: auto (tokenizer_config.json's
+  // chat_template, else model_type) or qwen | llama3 | mistral | plain.
+  std::string http_chat_format = "auto";
+  uint64_t http_max_body_bytes = uint64_t{16} << 20;  // larger: 413
 };
 
 // Parses `argv` (argv[0] is the program). `--config FILE` reads key=value

@@ -226,20 +226,26 @@ grpc::Status ToSpec(const ServiceDeps& d, const v1::QueryRequest& req, QuerySpec
 
 }  // namespace
 
+absl::Status CheckBearerToken(const std::string* authorization, const std::string& token) {
+  if (token.empty()) return absl::OkStatus();
+  if (authorization == nullptr) {
+    return absl::UnauthenticatedError("authorization: bearer token required");
+  }
+  const std::string prefix = "Bearer ";
+  if (authorization->size() < prefix.size() || authorization->compare(0, prefix.size(), prefix) != 0 ||
+      !ConstantTimeEquals(authorization->substr(prefix.size()), token)) {
+    return absl::UnauthenticatedError("authorization: invalid bearer token");
+  }
+  return absl::OkStatus();
+}
+
 grpc::Status CheckAuth(const grpc::ServerContext* ctx, const std::string& token) {
   if (token.empty()) return grpc::Status::OK;
   const auto& md = ctx->client_metadata();
   auto it = md.find("authorization");
-  if (it == md.end()) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "authorization: bearer token required");
-  }
+  if (it == md.end()) return ToGrpc(CheckBearerToken(nullptr, token));
   const std::string value(it->second.data(), it->second.size());
-  const std::string prefix = "Bearer ";
-  if (value.size() < prefix.size() || value.compare(0, prefix.size(), prefix) != 0 ||
-      !ConstantTimeEquals(value.substr(prefix.size()), token)) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "authorization: invalid bearer token");
-  }
-  return grpc::Status::OK;
+  return ToGrpc(CheckBearerToken(&value, token));
 }
 
 // ------------------------------------------------------------------ ingest
@@ -335,102 +341,128 @@ grpc::Status IngestService::IngestStream(
 
 // ------------------------------------------------------------------- query
 
-grpc::Status QueryService::Query(grpc::ServerContext* ctx, const v1::QueryRequest* req,
-                                 grpc::ServerWriter<v1::QueryResponse>* writer) {
-  QuerySpec spec;
-  absl::StatusOr<QueryOutcome> out = absl::UnknownError("not run");
-  grpc::Status s = CheckAuth(ctx, d_->auth_token);
-  if (s.ok()) s = CheckModel(*d_, req->model());
-  if (s.ok()) s = ToSpec(*d_, *req, &spec);
-  if (s.ok()) s = ToGrpc(d_->runner->Prepare(&spec));  // bounded; before queueing
-  if (s.ok()) {
-    if (d_->metrics) d_->metrics->AddInflightStreams(1);
-    bool write_failed = false;
-    // Queued, prefilled and decoded (in the batch) by the scheduler; tokens
-    // come back to this thread, which writes them.
-    out = d_->scheduler->RunQuery(
-        spec,
-        [&](int32_t id, std::string_view text) {
-          if (ctx->IsCancelled()) return false;
-          v1::QueryResponse msg;
-          msg.mutable_token()->set_id(id);
-          msg.mutable_token()->set_text(std::string(text));
-          if (!writer->Write(msg)) {
-            write_failed = true;
-            return false;
-          }
-          return true;
-        },
-        [ctx] { return ctx->IsCancelled(); });
-    if (d_->metrics) d_->metrics->AddInflightStreams(-1);
-    if (!out.ok() && absl::IsCancelled(out.status()) && ctx->IsCancelled()) {
-      s = DeadlinePassed(ctx) ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded while queued")
-                              : grpc::Status(grpc::StatusCode::CANCELLED, "query cancelled by the client");
-    } else if (!out.ok()) {
-      s = ToGrpc(out.status());
-    } else if (out->cancelled || write_failed || ctx->IsCancelled()) {
-      s = DeadlinePassed(ctx) ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded during decode")
-                              : grpc::Status(grpc::StatusCode::CANCELLED, "query cancelled by the client");
-    } else {
-      const char* method = MethodName(spec.method);
-      if (d_->metrics) {
-        d_->metrics->ObserveQuery(
-            method, out->ttft_ms / 1000.0,
-            {{"fetch", out->fetch_ms}, {"reposition", out->reposition_ms}, {"score", out->score_ms},
-             {"select", out->select_ms}, {"reorder", out->reorder_ms},
-             {"recompute", out->recompute_ms}, {"prompt", out->prompt_ms},
-             {"first_token", out->first_token_ms}, {"decode", out->decode_ms}},
-            out->context_tokens > 0
-                ? static_cast<double>(out->recomputed_tokens) / out->context_tokens
-                : 0.0,
-            out->generated_tokens);
-        if (out->prefilled_tokens > 0) d_->metrics->AddIngestTokens(out->prefilled_tokens);
-        if (!out->prefix_key.empty()) d_->metrics->AddPrefix(out->prefix_cached, out->prefix_tokens);
-      }
-      if (req->return_report()) {
-        v1::QueryResponse msg;
-        v1::Report* r = msg.mutable_report();
-        r->set_ttft_ms(out->ttft_ms);
-        v1::StageTimings* t = r->mutable_stages();
-        t->set_fetch_ms(out->fetch_ms);
-        t->set_reposition_ms(out->reposition_ms);
-        t->set_score_ms(out->score_ms);
-        t->set_select_ms(out->select_ms);
-        t->set_reorder_ms(out->reorder_ms);
-        t->set_recompute_ms(out->recompute_ms);
-        t->set_prompt_ms(out->prompt_ms);
-        t->set_first_token_ms(out->first_token_ms);
-        t->set_decode_ms(out->decode_ms);
-        r->set_context_tokens(out->context_tokens);
-        r->set_recomputed_tokens(out->recomputed_tokens);
-        r->set_chunk_hits(out->chunk_hits);
-        r->set_chunk_misses(out->chunk_misses);
-        r->set_chunk_remote_hits(out->chunk_remote_hits);
-        for (int i : out->chunk_order) r->add_chunk_order(i);
-        for (const std::string& k : out->chunk_keys) r->add_chunk_keys(k);
-        r->set_method(FromMethod(spec.method));
-        r->set_ratio(MethodUsesRatio(spec.method) ? spec.ratio : 0.0);
-        r->set_stop_reason(out->stop_reason);
-        r->set_generated_tokens(static_cast<int32_t>(out->generated_tokens));
-        r->set_text(out->text);
-        r->set_positions(out->positions);
-        r->set_beyond_model_positions(out->beyond_model_positions);
-        r->set_prefix_tokens(out->prefix_tokens);
-        r->set_prefix_cached(out->prefix_cached);
-        r->set_prefix_key(out->prefix_key);
-        writer->Write(msg);
-      }
-    }
+grpc::Status PrepareQuery(const ServiceDeps& d, const v1::QueryRequest& req, QuerySpec* spec) {
+  grpc::Status s = CheckModel(d, req.model());
+  if (s.ok()) s = ToSpec(d, req, spec);
+  if (s.ok()) s = ToGrpc(d.runner->Prepare(spec));  // bounded; before queueing
+  return s;
+}
+
+QueryRun ExecuteQuery(const ServiceDeps& d, const QuerySpec& spec, const QueryStreamIo& io) {
+  QueryRun run;
+  if (d.metrics) d.metrics->AddInflightStreams(1);
+  bool write_failed = false;
+  // Queued, prefilled and decoded (in the batch) by the scheduler; tokens
+  // come back to this thread, which writes them.
+  run.outcome = d.scheduler->RunQuery(
+      spec,
+      [&](int32_t id, std::string_view text) {
+        if (io.cancelled()) return false;
+        if (!io.write_token(id, text)) {
+          write_failed = true;
+          return false;
+        }
+        return true;
+      },
+      io.cancelled);
+  if (d.metrics) d.metrics->AddInflightStreams(-1);
+  const absl::StatusOr<QueryOutcome>& out = run.outcome;
+  if (!out.ok() && absl::IsCancelled(out.status()) && io.cancelled()) {
+    run.status = io.deadline_passed()
+                     ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded while queued")
+                     : grpc::Status(grpc::StatusCode::CANCELLED, "query cancelled by the client");
+  } else if (!out.ok()) {
+    run.status = ToGrpc(out.status());
+  } else if (out->cancelled || write_failed || io.cancelled()) {
+    run.status = io.deadline_passed()
+                     ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded during decode")
+                     : grpc::Status(grpc::StatusCode::CANCELLED, "query cancelled by the client");
+  } else if (d.metrics) {
+    d.metrics->ObserveQuery(
+        MethodName(spec.method), out->ttft_ms / 1000.0,
+        {{"fetch", out->fetch_ms}, {"reposition", out->reposition_ms}, {"score", out->score_ms},
+         {"select", out->select_ms}, {"reorder", out->reorder_ms},
+         {"recompute", out->recompute_ms}, {"prompt", out->prompt_ms},
+         {"first_token", out->first_token_ms}, {"decode", out->decode_ms}},
+        out->context_tokens > 0
+            ? static_cast<double>(out->recomputed_tokens) / out->context_tokens
+            : 0.0,
+        out->generated_tokens);
+    if (out->prefilled_tokens > 0) d.metrics->AddIngestTokens(out->prefilled_tokens);
+    if (!out->prefix_key.empty()) d.metrics->AddPrefix(out->prefix_cached, out->prefix_tokens);
   }
+  return run;
+}
+
+void FillReport(const QuerySpec& spec, const QueryOutcome& out, v1::Report* r) {
+  r->set_ttft_ms(out.ttft_ms);
+  v1::StageTimings* t = r->mutable_stages();
+  t->set_fetch_ms(out.fetch_ms);
+  t->set_reposition_ms(out.reposition_ms);
+  t->set_score_ms(out.score_ms);
+  t->set_select_ms(out.select_ms);
+  t->set_reorder_ms(out.reorder_ms);
+  t->set_recompute_ms(out.recompute_ms);
+  t->set_prompt_ms(out.prompt_ms);
+  t->set_first_token_ms(out.first_token_ms);
+  t->set_decode_ms(out.decode_ms);
+  r->set_context_tokens(out.context_tokens);
+  r->set_recomputed_tokens(out.recomputed_tokens);
+  r->set_chunk_hits(out.chunk_hits);
+  r->set_chunk_misses(out.chunk_misses);
+  r->set_chunk_remote_hits(out.chunk_remote_hits);
+  for (int i : out.chunk_order) r->add_chunk_order(i);
+  for (const std::string& k : out.chunk_keys) r->add_chunk_keys(k);
+  r->set_method(FromMethod(spec.method));
+  r->set_ratio(MethodUsesRatio(spec.method) ? spec.ratio : 0.0);
+  r->set_stop_reason(out.stop_reason);
+  r->set_generated_tokens(static_cast<int32_t>(out.generated_tokens));
+  r->set_text(out.text);
+  r->set_positions(out.positions);
+  r->set_beyond_model_positions(out.beyond_model_positions);
+  r->set_prefix_tokens(out.prefix_tokens);
+  r->set_prefix_cached(out.prefix_cached);
+  r->set_prefix_key(out.prefix_key);
+}
+
+void LogQuery(std::string_view origin, int n_chunks, const QuerySpec& spec, const grpc::Status& s,
+              const absl::StatusOr<QueryOutcome>& out) {
   const bool ran = out.ok();
   LogLine(absl::StrFormat(
-      "rpc=Query method=%s ratio=%g n_chunks=%d context_tokens=%d recomputed=%d hits=%d "
+      "%s method=%s ratio=%g n_chunks=%d context_tokens=%d recomputed=%d hits=%d "
       "misses=%d generated=%d ttft_ms=%.2f status=%s",
-      s.ok() || ran ? MethodName(spec.method) : "-",
-      (s.ok() || ran) && MethodUsesRatio(spec.method) ? spec.ratio : 0.0, req->chunks_size(),
+      origin, s.ok() || ran ? MethodName(spec.method) : "-",
+      (s.ok() || ran) && MethodUsesRatio(spec.method) ? spec.ratio : 0.0, n_chunks,
       ran ? out->context_tokens : 0, ran ? out->recomputed_tokens : 0, ran ? out->chunk_hits : 0,
       ran ? out->chunk_misses : 0, ran ? out->generated_tokens : 0, ran ? out->ttft_ms : 0.0,
       CodeName(s.error_code())));
+}
+
+grpc::Status QueryService::Query(grpc::ServerContext* ctx, const v1::QueryRequest* req,
+                                 grpc::ServerWriter<v1::QueryResponse>* writer) {
+  QuerySpec spec;
+  QueryRun run;
+  grpc::Status s = CheckAuth(ctx, d_->auth_token);
+  if (s.ok()) s = PrepareQuery(*d_, *req, &spec);
+  if (s.ok()) {
+    QueryStreamIo io;
+    io.write_token = [writer](int32_t id, std::string_view text) {
+      v1::QueryResponse msg;
+      msg.mutable_token()->set_id(id);
+      msg.mutable_token()->set_text(std::string(text));
+      return writer->Write(msg);
+    };
+    io.cancelled = [ctx] { return ctx->IsCancelled(); };
+    io.deadline_passed = [ctx] { return DeadlinePassed(ctx); };
+    run = ExecuteQuery(*d_, spec, io);
+    s = run.status;
+    if (s.ok() && req->return_report()) {
+      v1::QueryResponse msg;
+      FillReport(spec, *run.outcome, msg.mutable_report());
+      writer->Write(msg);
+    }
+  }
+  LogQuery("rpc=Query", req->chunks_size(), spec, s, run.outcome);
   return s;
 }
 

@@ -5,7 +5,9 @@
 #ifndef INFOFLOW_SERVER_SERVICES_H_
 #define INFOFLOW_SERVER_SERVICES_H_
 
+#include <functional>
 #include <string>
+#include <string_view>
 
 #include "infoflow/v1/infoflow.grpc.pb.h"
 #include "server/chunk_resolver.h"
@@ -34,6 +36,50 @@ struct ServiceDeps {
 // "authorization: Bearer <token>" (constant-time compare); else
 // UNAUTHENTICATED.
 grpc::Status CheckAuth(const grpc::ServerContext* ctx, const std::string& token);
+
+// CheckAuth for any transport: `authorization` is the header's value, or
+// null when the request has none. Unauthenticated naming what is wrong.
+absl::Status CheckBearerToken(const std::string* authorization, const std::string& token);
+
+// ---- The Query call, transport-neutral (gRPC's Query and the HTTP front
+// end, server/http/, both run exactly this: one path into the scheduler).
+
+// Checks the model selector, validates and translates `req` into *spec and
+// tokenizes it against the limits (QueryRunner::Prepare). No engine work,
+// nothing queued: every limit is checked before work starts. Errors name
+// the request field (INVALID_ARGUMENT, FAILED_PRECONDITION).
+grpc::Status PrepareQuery(const ServiceDeps& d, const infoflow::v1::QueryRequest& req,
+                          QuerySpec* spec);
+
+// How a transport hands a query's tokens to its client.
+struct QueryStreamIo {
+  // Delivers one token; false when the client is gone (the query stops).
+  std::function<bool(int32_t id, std::string_view text)> write_token;
+  // Polled while queued and between decode steps: true stops the query
+  // (client gone, deadline passed, server shutting down).
+  std::function<bool()> cancelled;
+  // After a stop: whether the deadline (rather than the client) caused it.
+  std::function<bool()> deadline_passed;
+};
+
+struct QueryRun {
+  grpc::Status status;  // OK, or why the query failed or stopped
+  absl::StatusOr<QueryOutcome> outcome = absl::UnknownError("not run");
+};
+
+// Runs a PrepareQuery'd spec on the scheduler, calling io.write_token on
+// this thread for each token, and records the query's metrics when it
+// completes. `status` is CANCELLED / DEADLINE_EXCEEDED when the client or
+// deadline stopped it, the scheduler's and runner's errors otherwise;
+// `outcome` holds the report data whenever the query ran.
+QueryRun ExecuteQuery(const ServiceDeps& d, const QuerySpec& spec, const QueryStreamIo& io);
+
+// The Report message of a completed query.
+void FillReport(const QuerySpec& spec, const QueryOutcome& out, infoflow::v1::Report* report);
+
+// The one key=value log line per query; `origin` opens it ("rpc=Query").
+void LogQuery(std::string_view origin, int n_chunks, const QuerySpec& spec,
+              const grpc::Status& status, const absl::StatusOr<QueryOutcome>& out);
 
 class IngestService final : public infoflow::v1::ChunkIngest::Service {
  public:

@@ -1,0 +1,380 @@
+#include "server/http/http_frontend.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/model/model.h"
+#include "server/http/blend_prompt.h"
+#include "server/http/http_errors.h"
+#include "server/http/openai_request.h"
+#include "server/http/openai_response.h"
+
+namespace infoflow::server::http {
+
+using nlohmann::json;
+namespace v1 = ::infoflow::v1;
+
+namespace {
+
+constexpr char kJson[] = "application/json";
+
+std::string ReadTextFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void SetError(httplib::Response& res, const HttpError& e) {
+  res.status = e.http_status;
+  res.set_content(ErrorBody(e), kJson);
+}
+
+void LogHttp(const httplib::Request& req, int status, const std::string& error) {
+  std::fprintf(stderr, "http=%s path=%s status=%d%s%s\n", req.method.c_str(), req.path.c_str(),
+               status, error.empty() ? "" : " error=", error.c_str());
+}
+
+}  // namespace
+
+struct HttpFrontend::Impl {
+  const ServiceDeps* d = nullptr;
+  HttpFrontendOptions options;
+  RequestContext ctx;
+  httplib::Server server;
+  std::thread listener;
+  int port = 0;
+  int64_t started_at = 0;
+
+  std::atomic<bool> draining{false};    // BeginShutdown: refuse new requests
+  std::atomic<bool> cancel_all{false};  // past the grace: stop running queries
+  std::mutex mu;
+  std::condition_variable cv;
+  int active = 0;  // requests between admission and their last byte
+  std::once_flag finish_once;
+
+  // Leave() on scope exit; shared by a streaming response's provider.
+  struct ActiveGuard {
+    Impl* impl;
+    ~ActiveGuard() { impl->Leave(); }
+    ActiveGuard(const ActiveGuard&) = delete;
+    ActiveGuard& operator=(const ActiveGuard&) = delete;
+  };
+
+  // Counts a request for graceful shutdown; false when shutting down.
+  bool Enter() {
+    std::lock_guard<std::mutex> l(mu);
+    if (draining.load()) return false;
+    ++active;
+    return true;
+  }
+  void Leave() {
+    std::lock_guard<std::mutex> l(mu);
+    --active;
+    cv.notify_all();
+  }
+
+  absl::Status CheckAuth(const httplib::Request& req) const {
+    if (!req.has_header("Authorization")) return CheckBearerToken(nullptr, d->auth_token);
+    const std::string value = req.get_header_value("Authorization");
+    return CheckBearerToken(&value, d->auth_token);
+  }
+
+  void Routes();
+  void HandleQuery(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
+  void Respond(const OpenAiRequest& r, const QuerySpec& spec, httplib::Response& res,
+               const std::string& origin);
+  bool Stream(const OpenAiRequest& r, const QuerySpec& spec, httplib::DataSink& sink,
+              const std::string& origin);
+};
+
+void HttpFrontend::Impl::Routes() {
+  server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    const bool up = !draining.load();
+    res.status = up ? 200 : 503;
+    res.set_content(Dump({{"status", up ? "ok" : "shutting_down"}}), kJson);
+  });
+  auto models = [this](const httplib::Request& req, httplib::Response& res) {
+    if (absl::Status s = CheckAuth(req); !s.ok()) {
+      SetError(res, ErrorFromStatus(s));
+      LogHttp(req, res.status, std::string(s.message()));
+      return;
+    }
+    const json model = {{"id", d->model_name}, {"object", "model"}, {"created", started_at},
+                        {"owned_by", "infoflow-kv"}};
+    if (req.matches.size() > 1) {
+      if (req.matches[1].str() != d->model_name) {
+        HttpError e = ErrorFromStatus(grpc::StatusCode::NOT_FOUND,
+                                      absl::StrCat("model: the model '", req.matches[1].str(),
+                                                   "' does not exist"));
+        e.code = "model_not_found";
+        SetError(res, e);
+        return;
+      }
+      res.set_content(Dump(model), kJson);
+      return;
+    }
+    res.set_content(Dump({{"object", "list"}, {"data", json::array({model})}}), kJson);
+  };
+  server.Get("/v1/models", models);
+  server.Get(R"(/v1/models/([^/]+))", models);
+  server.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleQuery(req, res, Endpoint::kCompletions);
+  });
+  server.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleQuery(req, res, Endpoint::kChatCompletions);
+  });
+  // Statuses set by the library itself (unknown path 404, body over the
+  // limit 413, unreadable request 400) get an OpenAI error body too.
+  server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    HttpError e;
+    e.http_status = res.status;
+    e.type = "invalid_request_error";
+    if (res.status == 404) {
+      e.message = absl::StrCat("no route for ", req.method, " ", req.path);
+      e.code = "not_found";
+    } else if (res.status == 413) {
+      e.message = "body: the request body is over the server's limit (--http-max-body-bytes)";
+      e.param = "body";
+      e.code = "request_too_large";
+    } else {
+      e.message = absl::StrCat("HTTP ", res.status);
+      if (res.status >= 500) e.type = "server_error";
+    }
+    res.set_content(ErrorBody(e), kJson);
+    LogHttp(req, res.status, e.message);
+  });
+  server.set_exception_handler(
+      [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown exception";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        HttpError e = ErrorFromStatus(grpc::StatusCode::INTERNAL, "internal error: " + what);
+        SetError(res, e);
+        LogHttp(req, res.status, e.message);
+      });
+}
+
+void HttpFrontend::Impl::HandleQuery(const httplib::Request& req, httplib::Response& res,
+                                     Endpoint endpoint) {
+  if (!Enter()) {
+    SetError(res, ErrorFromStatus(grpc::StatusCode::UNAVAILABLE, "server: shutting down"));
+    LogHttp(req, res.status, "shutting down");
+    return;
+  }
+  // Not make_shared(ActiveGuard{this}): that temporary's destructor would Leave() too.
+  std::shared_ptr<ActiveGuard> guard(new ActiveGuard{this});
+  // Every check before any work, in the order a client can fix them.
+  if (absl::Status s = CheckAuth(req); !s.ok()) {
+    SetError(res, ErrorFromStatus(s));
+    LogHttp(req, res.status, std::string(s.message()));
+    return;
+  }
+  absl::StatusOr<OpenAiRequest> parsed = ParseOpenAiRequest(req.body, endpoint, ctx);
+  if (!parsed.ok()) {
+    HttpError e = ErrorFromStatus(parsed.status());
+    if (absl::IsNotFound(parsed.status())) e.code = "model_not_found";
+    SetError(res, e);
+    LogHttp(req, res.status, e.message);
+    return;
+  }
+  auto r = std::make_shared<OpenAiRequest>(*std::move(parsed));
+  auto spec = std::make_shared<QuerySpec>();
+  if (grpc::Status s = PrepareQuery(*d, r->query, spec.get()); !s.ok()) {
+    SetError(res, ErrorFromStatus(s));
+    LogQuery(absl::StrCat("http=", req.path), r->query.chunks_size(), *spec, s,
+             absl::UnknownError("not run"));
+    return;
+  }
+  const std::string origin = absl::StrCat("http=", req.path);
+  if (!r->stream) {
+    Respond(*r, *spec, res, origin);
+    return;
+  }
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream", [this, r, spec, guard, origin](size_t, httplib::DataSink& sink) {
+        const bool ok = Stream(*r, *spec, sink, origin);
+        if (ok) sink.done();
+        return ok;  // false: the connection is closed
+      });
+}
+
+void HttpFrontend::Impl::Respond(const OpenAiRequest& r, const QuerySpec& spec,
+                                 httplib::Response& res, const std::string& origin) {
+  QueryStreamIo io;
+  // The whole text comes back in the outcome; a cut connection is only seen
+  // when the answer is written (cpp-httplib 0.11 does not report it sooner).
+  io.write_token = [](int32_t, std::string_view) { return true; };
+  io.cancelled = [this] { return cancel_all.load(); };
+  io.deadline_passed = [] { return false; };
+  QueryRun run = ExecuteQuery(*d, spec, io);
+  LogQuery(origin, r.query.chunks_size(), spec, run.status, run.outcome);
+  if (!run.status.ok()) {
+    SetError(res, ErrorFromStatus(run.status));
+    return;
+  }
+  json report;
+  if (r.report) {
+    v1::Report rep;
+    FillReport(spec, *run.outcome, &rep);
+    report = ReportJson(rep);
+  }
+  const ResponseId rid = NewResponseId(r.endpoint, r.model);
+  res.set_content(Dump(CompletionResponse(rid, spec, *run.outcome, report)), kJson);
+}
+
+bool HttpFrontend::Impl::Stream(const OpenAiRequest& r, const QuerySpec& spec,
+                                httplib::DataSink& sink, const std::string& origin) {
+  const ResponseId rid = NewResponseId(r.endpoint, r.model);
+  bool client_gone = false;
+  auto send = [&](const std::string& bytes) {
+    if (!client_gone && !sink.write(bytes.data(), bytes.size())) client_gone = true;
+    return !client_gone;
+  };
+  auto last_write = std::chrono::steady_clock::now();
+  if (r.endpoint == Endpoint::kChatCompletions) send(SseEvent(StreamChunk(rid, "", nullptr, true)));
+  QueryStreamIo io;
+  io.write_token = [&](int32_t, std::string_view text) {
+    if (text.empty()) return true;  // bytes of a character not yet complete
+    last_write = std::chrono::steady_clock::now();
+    return send(SseEvent(StreamChunk(rid, text, nullptr)));
+  };
+  // While queued or prefilling nothing is written, so a client that left
+  // would go unnoticed: an SSE comment each second finds out.
+  io.cancelled = [&] {
+    if (cancel_all.load() || client_gone) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_write > std::chrono::seconds(1)) {
+      last_write = now;
+      send(": keep-alive\n\n");
+    }
+    return client_gone;
+  };
+  io.deadline_passed = [] { return false; };
+  QueryRun run = ExecuteQuery(*d, spec, io);
+  LogQuery(origin, r.query.chunks_size(), spec, run.status, run.outcome);
+  if (client_gone) return false;
+  if (!run.status.ok()) {
+    // The 200 and its headers are out: the error is the stream's last event.
+    const HttpError e = ErrorFromStatus(run.status);
+    send("data: " + ErrorBody(e) + "\n\n");
+    return send(kSseDone);
+  }
+  const QueryOutcome& out = *run.outcome;
+  json last = StreamChunk(rid, "", FinishReason(out.stop_reason));
+  if (r.report) {
+    v1::Report rep;
+    FillReport(spec, out, &rep);
+    last["infoflow"] = ReportJson(rep);
+  }
+  send(SseEvent(last));
+  if (r.include_usage) send(SseEvent(StreamUsageChunk(rid, Usage(spec, out))));
+  return send(kSseDone);
+}
+
+absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(
+    const ServiceDeps* deps, const HttpFrontendOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->d = deps;
+  impl->options = options;
+  if (options.blend_separator.empty()) {
+    return absl::InvalidArgumentError("--blend-separator: must not be empty");
+  }
+  const size_t colon = options.listen.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || !absl::SimpleAtoi(options.listen.substr(colon + 1), &port) ||
+      port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http-listen: expected HOST:PORT, got '", options.listen, "'"));
+  }
+  const std::string host = options.listen.substr(0, colon);
+  if (options.chat_format == "auto") {
+    impl->ctx.chat_format = DetectChatFormat(
+        ReadTextFile((std::filesystem::path(options.model_dir) / "tokenizer_config.json").string()),
+        deps->model->config().model_type);
+  } else {
+    absl::StatusOr<ChatFormat> f = FindChatFormat(options.chat_format);
+    if (!f.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--http-chat-format: '", options.chat_format, "' (auto, qwen, llama3, mistral, plain)"));
+    }
+    impl->ctx.chat_format = *f;
+  }
+  impl->ctx.model_name = deps->model_name;
+  impl->ctx.separator = options.blend_separator;
+  impl->ctx.max_new_tokens = deps->options->max_new_tokens;
+  impl->started_at = std::chrono::duration_cast<std::chrono::seconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count();
+
+  httplib::Server& s = impl->server;
+  const int threads = std::max(2, options.threads);
+  s.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  s.set_payload_max_length(options.max_body_bytes);
+  s.set_keep_alive_timeout(2);  // bounds how long an idle connection delays shutdown
+  s.set_read_timeout(10);       // a client that stops sending its body is dropped
+  s.set_write_timeout(10);      // a reader that stops reading is dropped (query cancelled)
+  impl->Routes();
+  if (port == 0) {
+    impl->port = s.bind_to_any_port(host);
+    if (impl->port <= 0) {
+      return absl::UnavailableError(absl::StrCat("--http-listen ", options.listen, ": cannot bind"));
+    }
+  } else {
+    if (!s.bind_to_port(host, port)) {
+      return absl::UnavailableError(absl::StrCat("--http-listen ", options.listen, ": cannot bind"));
+    }
+    impl->port = port;
+  }
+  Impl* raw = impl.get();
+  impl->listener = std::thread([raw] { raw->server.listen_after_bind(); });
+  return std::unique_ptr<HttpFrontend>(new HttpFrontend(std::move(impl)));
+}
+
+HttpFrontend::HttpFrontend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+HttpFrontend::~HttpFrontend() { FinishShutdown(std::chrono::steady_clock::now()); }
+
+int HttpFrontend::port() const { return impl_->port; }
+const std::string& HttpFrontend::chat_format() const { return impl_->ctx.chat_format.name; }
+
+void HttpFrontend::BeginShutdown() {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  impl_->draining = true;
+}
+
+void HttpFrontend::FinishShutdown(std::chrono::steady_clock::time_point deadline) {
+  BeginShutdown();
+  std::call_once(impl_->finish_once, [&] {
+    Impl& m = *impl_;
+    {
+      std::unique_lock<std::mutex> l(m.mu);
+      if (!m.cv.wait_until(l, deadline, [&] { return m.active == 0; })) {
+        m.cancel_all = true;  // running queries stop at their next step
+        m.cv.wait(l, [&] { return m.active == 0; });
+      }
+    }
+    m.server.stop();
+    if (m.listener.joinable()) m.listener.join();
+  });
+}
+
+}  // namespace infoflow::server::http

@@ -1,0 +1,573 @@
+// The OpenAI-compatible HTTP front end (server/http/): its pure parts
+// (blend convention, chat formats, request checks, the status table), and
+// the real infoflow-server binary on 127.0.0.1 fed bad input over HTTP --
+// malformed JSON, huge bodies, wrong types, an unknown model, streams cut by
+// the client, a reader that stops reading -- after which it still serves,
+// still answers as gRPC does, and still has every chunk it stored.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_replace.h"
+#include "client/chat_presets.h"
+#include "infoflow/v1/infoflow.grpc.pb.h"
+#include "server/http/blend_prompt.h"
+#include "server/http/http_errors.h"
+#include "server/http/openai_request.h"
+#include "tests/reliability/server_process.h"
+
+namespace infoflow::server::http {
+namespace {
+
+namespace fs = std::filesystem;
+namespace v1 = ::infoflow::v1;
+using nlohmann::json;
+
+// ------------------------------------------------------------ pure parts
+
+TEST(BlendPrompt, SplitsOnTheSeparator) {
+  EXPECT_EQ(SplitOnSeparator("a # # b # # c", " # # "),
+            (std::vector<std::string_view>{"a", "b", "c"}));
+  EXPECT_EQ(SplitOnSeparator(" # # b # # ", " # # "),
+            (std::vector<std::string_view>{"", "b", ""}));
+  EXPECT_EQ(SplitOnSeparator("no separator", " # # "),
+            (std::vector<std::string_view>{"no separator"}));
+  absl::StatusOr<BlendPrompt> p = SplitCompletionPrompt("sys # # c1 # # c2 # # q?", " # # ", true);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->prefix, "sys");
+  EXPECT_EQ(p->chunks, (std::vector<std::string>{"c1", "c2"}));
+  EXPECT_EQ(p->question, "q?");
+  EXPECT_EQ(p->prompt_template, "{question}");
+}
+
+TEST(BlendPrompt, RefusesPromptsWithoutChunksOrQuestion) {
+  for (const char* prompt : {"just a question", "prefix # # question", "p # # c # # ",
+                             "p #  # c # # q", "p # #  # # q"}) {
+    absl::StatusOr<BlendPrompt> p = SplitCompletionPrompt(prompt, " # # ", true);
+    EXPECT_TRUE(absl::IsInvalidArgument(p.status())) << prompt;
+  }
+  // The request lists its chunks: the prompt is "question" or "prefix # # question".
+  EXPECT_TRUE(SplitCompletionPrompt("q", " # # ", false).ok());
+  EXPECT_EQ(SplitCompletionPrompt("p # # q", " # # ", false)->prefix, "p");
+  EXPECT_FALSE(SplitCompletionPrompt("p # # c # # q", " # # ", false).ok());
+}
+
+// The chat formats render exactly the markup of the CLI's --chat presets
+// (client/chat_presets.h), which add only "\n\nQuestion: " before the question.
+TEST(BlendPrompt, ChatFormatsMatchTheClientPresets) {
+  for (const std::string name : {"qwen", "llama3", "mistral"}) {
+    SCOPED_TRACE(name);
+    const std::string system = "Answer from the documents.";
+    absl::StatusOr<ChatFormat> f = FindChatFormat(name);
+    ASSERT_TRUE(f.ok());
+    absl::StatusOr<BlendPrompt> p = RenderChat(
+        {{"system", system}, {"user", " # # chunk one # # What is it?"}}, *f, " # # ", true);
+    ASSERT_TRUE(p.ok()) << p.status();
+    const std::optional<cli::ChatPreset> preset = cli::FindChatPreset(name, system);
+    ASSERT_TRUE(preset.has_value());
+    EXPECT_EQ(p->prefix, preset->prefix);
+    EXPECT_EQ(p->chunks, (std::vector<std::string>{"chunk one"}));
+    EXPECT_EQ(p->question, "What is it?");
+    EXPECT_EQ(p->prompt_template,
+              absl::StrReplaceAll(preset->prompt_template, {{"\n\nQuestion: ", ""}}));
+  }
+}
+
+TEST(BlendPrompt, ChatHistoryGoesIntoThePrefix) {
+  absl::StatusOr<BlendPrompt> p =
+      RenderChat({{"system", "S"}, {"user", "u1"}, {"assistant", "a1"}, {"user", "h # # c # # q"}},
+                 *FindChatFormat("qwen"), " # # ", true);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->prefix,
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nu1<|im_end|>\n"
+            "<|im_start|>assistant\na1<|im_end|>\n<|im_start|>user\nh");
+  EXPECT_FALSE(RenderChat({{"user", "h # # c # # q"}, {"assistant", "a"}}, *FindChatFormat("qwen"),
+                          " # # ", true)
+                   .ok());
+  EXPECT_FALSE(
+      RenderChat({{"tool", "x"}, {"user", "h # # c # # q"}}, *FindChatFormat("qwen"), " # # ", true)
+          .ok());
+}
+
+TEST(BlendPrompt, DetectsTheChatFormat) {
+  EXPECT_EQ(DetectChatFormat(R"({"chat_template": "{% for m in messages %}<|im_start|>..."})", "llama")
+                .name,
+            "qwen");
+  EXPECT_EQ(DetectChatFormat(R"({"chat_template": "<|start_header_id|>"})", "llama").name, "llama3");
+  EXPECT_EQ(DetectChatFormat(R"({"chat_template": "[INST]"})", "llama").name, "mistral");
+  EXPECT_EQ(DetectChatFormat("", "qwen3").name, "qwen");
+  EXPECT_EQ(DetectChatFormat("", "mistral").name, "mistral");
+  EXPECT_EQ(DetectChatFormat("", "llama").name, "plain");
+}
+
+RequestContext Ctx() {
+  RequestContext c;
+  c.model_name = "m";
+  c.separator = " # # ";
+  c.chat_format = *FindChatFormat("plain");
+  c.max_new_tokens = 64;
+  return c;
+}
+
+TEST(OpenAiRequest, TranslatesTheBlendConventionIntoAQueryRequest) {
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(
+      R"({"model": "m", "prompt": "P # # C1 # # C2 # # Q", "max_tokens": 7, "temperature": 0,
+          "top_p": 0.5, "seed": 3, "stop": ["\n"], "n": 1, "stream": true,
+          "stream_options": {"include_usage": true},
+          "infoflow": {"method": "infoflow", "ratio": 0.3, "report": true, "reorder": true}})",
+      Endpoint::kCompletions, Ctx());
+  ASSERT_TRUE(r.ok()) << r.status();
+  const v1::QueryRequest& q = r->query;
+  EXPECT_EQ(q.prefix(), "P");
+  ASSERT_EQ(q.chunks_size(), 2);
+  EXPECT_EQ(q.chunks(0).text(), "C1");
+  EXPECT_EQ(q.chunks(1).text(), "C2");
+  EXPECT_EQ(q.question(), "Q");
+  EXPECT_EQ(q.prompt_template(), "{question}");
+  EXPECT_EQ(q.max_new_tokens(), 7);
+  EXPECT_EQ(q.sampling().temperature(), 0.0f);
+  EXPECT_EQ(q.sampling().top_p(), 0.5f);
+  EXPECT_EQ(q.sampling().seed(), 3u);
+  EXPECT_EQ(q.stop(0), "\n");
+  EXPECT_EQ(q.method(), v1::METHOD_INFOFLOW);
+  EXPECT_DOUBLE_EQ(q.ratio().value(), 0.3);
+  EXPECT_TRUE(q.reorder());
+  EXPECT_TRUE(r->stream && r->include_usage && r->report);
+
+  r = ParseOpenAiRequest(
+      R"({"model": "m", "prompt": "Q", "infoflow": {"chunks": [{"key": "ab"}, {"text": "T"}]}})",
+      Endpoint::kCompletions, Ctx());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->query.chunks(0).key(), "ab");
+  EXPECT_EQ(r->query.chunks(1).text(), "T");
+}
+
+TEST(OpenAiRequest, RefusesBadBodiesNamingTheField) {
+  struct Case {
+    const char* body;
+    absl::StatusCode code;
+    const char* param;
+  };
+  const std::string deep = std::string(100, '[') + std::string(100, ']');
+  const Case cases[] = {
+      {"{\"model\": ", absl::StatusCode::kInvalidArgument, "body"},
+      {"[1, 2]", absl::StatusCode::kInvalidArgument, "body"},
+      {deep.c_str(), absl::StatusCode::kInvalidArgument, "body"},
+      {R"({"prompt": "P # # C # # Q"})", absl::StatusCode::kInvalidArgument, "model"},
+      {R"({"model": 7, "prompt": "P # # C # # Q"})", absl::StatusCode::kInvalidArgument, "model"},
+      {R"({"model": "other", "prompt": "P # # C # # Q"})", absl::StatusCode::kNotFound, "model"},
+      {R"({"model": "m", "prompt": 5})", absl::StatusCode::kInvalidArgument, "prompt"},
+      {R"({"model": "m", "prompt": [1, 2, 3]})", absl::StatusCode::kInvalidArgument, "prompt"},
+      {R"({"model": "m", "prompt": "no chunks"})", absl::StatusCode::kInvalidArgument, "prompt"},
+      {R"({"model": "m", "prompt": "P # # C # # Q", "temperature": "hot"})",
+       absl::StatusCode::kInvalidArgument, "temperature"},
+      {R"({"model": "m", "prompt": "P # # C # # Q", "temperature": 3})",
+       absl::StatusCode::kInvalidArgument, "temperature"},
+      {R"({"model": "m", "prompt": "P # # C # # Q", "top_p": 0})",
+       absl::StatusCode::kInvalidArgument, "top_p"},
+      {R"({"model": "m", "prompt": "P # # C # # Q", "max_tokens": 65})",
+       absl::StatusCode::kInvalidArgument, "max_tokens"},
+      {R"({"model": "m", "prompt": "P # # C # # Q", "max_tokens": 1.5})",
+       absl::StatusCode::kInvalidArgument, "max_tokens"},
+      {R"({"model": "m", "prompt": "P # # C # # Q", "n": 2})",
+       absl::StatusCode::kInvalidArgument, "n"},
+      {R"({"model": "m", "prompt": "P # # C # # Q", "stream": "yes"})",
+       absl::StatusCode::kInvalidArgument, "stream"},
+      {R"({"model": "m", "prompt": "P # # C # # Q", "stream_options": {"include_usage": true}})",
+       absl::StatusCode::kInvalidArgument, "stream_options"},
+      {R"({"model": "m", "prompt": "P # # C # # Q", "stop": [1]})",
+       absl::StatusCode::kInvalidArgument, "stop"},
+      {R"({"model": "m", "prompt": "P # # C # # Q", "logprobs": 2})",
+       absl::StatusCode::kInvalidArgument, "logprobs"},
+      {R"({"model": "m", "prompt": "P # # C # # Q", "seed": "x"})",
+       absl::StatusCode::kInvalidArgument, "seed"},
+      {R"({"model": "m", "prompt": "P # # C # # Q", "infoflow": {"method": "BEST"}})",
+       absl::StatusCode::kInvalidArgument, "infoflow.method"},
+      {R"({"model": "m", "prompt": "P # # C # # Q", "infoflow": {"ratio": 2}})",
+       absl::StatusCode::kInvalidArgument, "infoflow.ratio"},
+      {R"({"model": "m", "prompt": "P # # C # # Q", "infoflow": {"colour": 1}})",
+       absl::StatusCode::kInvalidArgument, "infoflow"},
+      {R"({"model": "m", "prompt": "Q", "infoflow": {"chunks": [{"key": "a", "text": "b"}]}})",
+       absl::StatusCode::kInvalidArgument, "infoflow.chunks[0]"},
+      {"{\"model\": \"m\", \"prompt\": \"\xff # # C # # Q\"}", absl::StatusCode::kInvalidArgument,
+       "body"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(c.body, Endpoint::kCompletions, Ctx());
+    ASSERT_FALSE(r.ok()) << c.body;
+    EXPECT_EQ(r.status().code(), c.code) << c.body << " -> " << r.status();
+    EXPECT_EQ(ErrorFromStatus(r.status()).param, c.param) << c.body << " -> " << r.status();
+  }
+  absl::StatusOr<OpenAiRequest> chat = ParseOpenAiRequest(
+      R"({"model": "m", "messages": [{"role": "user", "content": 3}]})",
+      Endpoint::kChatCompletions, Ctx());
+  EXPECT_EQ(ErrorFromStatus(chat.status()).param, "messages[0].content") << chat.status();
+}
+
+// A small in-process fuzz of the parser: byte flips, truncations and
+// splices of valid bodies never crash or throw, and every refusal names a
+// field. (Deterministic seed, so a failure reproduces.)
+TEST(OpenAiRequest, SurvivesMutatedBodies) {
+  const std::vector<std::string> seeds = {
+      R"({"model": "m", "prompt": "P # # C # # Q", "max_tokens": 7, "temperature": 0, "stop": ["x"],
+          "stream": true, "stream_options": {"include_usage": true}, "n": 1, "seed": -1,
+          "infoflow": {"method": "INFOFLOW", "ratio": 0.15, "report": true, "scoring_layers": [1],
+                       "chunks": [{"key": "00"}, {"text": "t"}]}})",
+      R"({"model": "m", "messages": [{"role": "system", "content": "s"},
+          {"role": "user", "content": [{"type": "text", "text": "a # # b # # c"}]},
+          {"role": "assistant", "content": null}, {"role": "user", "content": "x # # y # # z"}]})",
+  };
+  std::mt19937 rng(29);
+  const char kBytes[] = "{}[]\",:0123456789.-eE truefalsnul\\u#\xff\x00";
+  int ok = 0;
+  for (int i = 0; i < 20000; ++i) {
+    std::string body = seeds[rng() % seeds.size()];
+    const int edits = 1 + static_cast<int>(rng() % 4);
+    for (int e = 0; e < edits && !body.empty(); ++e) {
+      const size_t at = rng() % body.size();
+      switch (rng() % 4) {
+        case 0: body[at] = kBytes[rng() % (sizeof kBytes - 1)]; break;
+        case 1: body.erase(at, 1 + rng() % 8); break;
+        case 2: body.insert(at, 1, kBytes[rng() % (sizeof kBytes - 1)]); break;
+        case 3: body.resize(at); break;
+      }
+    }
+    const Endpoint ep = rng() % 2 ? Endpoint::kCompletions : Endpoint::kChatCompletions;
+    absl::StatusOr<OpenAiRequest> r;
+    ASSERT_NO_THROW(r = ParseOpenAiRequest(body, ep, Ctx())) << body;
+    if (r.ok()) {
+      ++ok;
+    } else {
+      EXPECT_FALSE(ErrorFromStatus(r.status()).param.empty()) << body << " -> " << r.status();
+    }
+  }
+  std::printf("%d of 20000 mutated bodies were still valid requests\n", ok);
+}
+
+TEST(HttpErrors, OneTableFromStatusToHttp) {
+  EXPECT_EQ(ErrorFromStatus(grpc::StatusCode::INVALID_ARGUMENT, "x: y").http_status, 400);
+  EXPECT_EQ(ErrorFromStatus(grpc::StatusCode::INVALID_ARGUMENT, "x: y").param, "x");
+  EXPECT_EQ(ErrorFromStatus(grpc::StatusCode::UNAUTHENTICATED, "a").http_status, 401);
+  EXPECT_EQ(ErrorFromStatus(grpc::StatusCode::UNAUTHENTICATED, "a").type, "authentication_error");
+  EXPECT_EQ(ErrorFromStatus(grpc::StatusCode::NOT_FOUND, "a").http_status, 404);
+  EXPECT_EQ(ErrorFromStatus(grpc::StatusCode::RESOURCE_EXHAUSTED, "a").http_status, 429);
+  EXPECT_EQ(ErrorFromStatus(grpc::StatusCode::UNAVAILABLE, "a").http_status, 503);
+  EXPECT_EQ(ErrorFromStatus(grpc::StatusCode::OUT_OF_RANGE, "a").http_status, 400);
+  EXPECT_EQ(ErrorFromStatus(grpc::StatusCode::INTERNAL, "a").http_status, 500);
+  const json body = json::parse(ErrorBody(ErrorFromStatus(grpc::StatusCode::NOT_FOUND, "m: gone")));
+  EXPECT_EQ(body["error"]["message"], "m: gone");
+  EXPECT_EQ(body["error"]["param"], "m");
+  EXPECT_TRUE(body["error"].contains("type") && body["error"].contains("code"));
+  // Request bytes that are not UTF-8 are replaced, not thrown on.
+  EXPECT_NE(ErrorBody(ErrorFromStatus(grpc::StatusCode::NOT_FOUND, "model: '\xff'")), "");
+}
+
+// ------------------------------------------------ the real server binary
+
+std::string TinyModel() { return std::string(INFOFLOW_SOURCE_DIR) + "/models/infoflow-tiny"; }
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    path = (fs::temp_directory_path() /
+            ("infoflow_http_" + std::to_string(getpid()) + "_" + std::to_string(counter++)))
+               .string();
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  static inline int counter = 0;
+};
+
+int HttpPort(const testing::ServerProcess& srv) {
+  std::smatch m;
+  const std::string log = srv.log();
+  if (!std::regex_search(log, m, std::regex("http on http://127\\.0\\.0\\.1:(\\d+)"))) return 0;
+  return std::stoi(m[1]);
+}
+
+// A raw connection, for what a well-behaved client never does.
+class RawConnection {
+ public:
+  explicit RawConnection(int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    timeval tv{10, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) Close();
+  }
+  ~RawConnection() { Close(); }
+  bool ok() const { return fd_ >= 0; }
+  bool Send(const std::string& s) {
+    size_t off = 0;
+    while (off < s.size()) {
+      const ssize_t n = send(fd_, s.data() + off, s.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      off += static_cast<size_t>(n);
+    }
+    return true;
+  }
+  // Reads until `until` appears or the peer closes; what was read.
+  std::string ReadUntil(const std::string& until) {
+    std::string got;
+    char buf[4096];
+    while (got.find(until) == std::string::npos) {
+      const ssize_t n = recv(fd_, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<size_t>(n));
+    }
+    return got;
+  }
+  void Close() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+std::string PostRequest(const std::string& path, const std::string& body) {
+  return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+         "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+// Chunks the shipped model can answer from (its synthetic world).
+const char kPrompt[] =
+    " # # Arthur Tanaka lives in Paris. His secret code is 4417. # # Maria Lopez owns a red boat "
+    "and her secret code is 9021. # # \nQuestion: What is the secret code of Arthur Tanaka?\nAnswer:";
+
+json CompletionBody(bool stream, int max_tokens = 12) {
+  return {{"model", "infoflow-tiny"}, {"prompt", kPrompt},   {"max_tokens", max_tokens},
+          {"temperature", 0},         {"stream", stream},    {"infoflow", {{"report", true}}}};
+}
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  void StartServer(std::vector<std::string> extra = {}) {
+    extra.push_back("--http-listen=127.0.0.1:0");
+    extra.push_back("--threads=2");
+    extra.push_back("--store-sync=false");
+    srv_ = std::make_unique<testing::ServerProcess>(INFOFLOW_SERVER_BIN, TinyModel(), dir_.path + "/kv",
+                                                    dir_.path + "/server.log", extra);
+    std::string error;
+    ASSERT_TRUE(srv_->Start(&error)) << error;
+    port_ = HttpPort(*srv_);
+    ASSERT_GT(port_, 0) << srv_->log();
+  }
+  httplib::Result Post(const std::string& path, const std::string& body,
+                       const httplib::Headers& headers = {}) {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(60);
+    return c.Post(path.c_str(), headers, body, "application/json");
+  }
+  // The server answers /health and a real query correctly.
+  void ExpectServing(const std::string& expected_text) {
+    httplib::Client c("127.0.0.1", port_);
+    httplib::Result h = c.Get("/health");
+    ASSERT_TRUE(h) << "no answer on /health";
+    EXPECT_EQ(h->status, 200);
+    httplib::Result r = Post("/v1/completions", CompletionBody(false).dump());
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(json::parse(r->body)["choices"][0]["text"], expected_text);
+  }
+
+  TempDir dir_;
+  std::unique_ptr<testing::ServerProcess> srv_;
+  int port_ = 0;
+};
+
+// The same greedy answer as the gRPC Query with prefix = first piece, chunks =
+// the middle pieces, question = the last, prompt_template = "{question}".
+std::string GrpcAnswer(const testing::ServerProcess& srv, const std::string& prompt) {
+  const std::vector<std::string_view> pieces = SplitOnSeparator(prompt, " # # ");
+  v1::QueryRequest req;
+  req.set_prefix(std::string(pieces.front()));
+  for (size_t i = 1; i + 1 < pieces.size(); ++i) req.add_chunks()->set_text(std::string(pieces[i]));
+  req.set_question(std::string(pieces.back()));
+  req.set_prompt_template("{question}");
+  req.set_max_new_tokens(12);
+  auto stub = v1::Query::NewStub(srv.channel());
+  grpc::ClientContext ctx;
+  auto reader = stub->Query(&ctx, req);
+  std::string text;
+  v1::QueryResponse msg;
+  while (reader->Read(&msg)) {
+    if (msg.has_token()) text += msg.token().text();
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  return text;
+}
+
+TEST_F(HttpServerTest, AnswersAsTheGrpcQueryDoesAndReportsCachedTokens) {
+  StartServer();
+  httplib::Result first = Post("/v1/completions", CompletionBody(false).dump());
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->status, 200) << first->body;
+  const json a = json::parse(first->body);
+  const std::string text = a["choices"][0]["text"];
+  EXPECT_EQ(text, GrpcAnswer(*srv_, kPrompt));
+  EXPECT_EQ(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(a["infoflow"]["chunk_misses"], 2);
+  httplib::Result second = Post("/v1/chat/completions",
+                                json{{"model", "infoflow-tiny"},
+                                     {"messages", {{{"role", "user"}, {"content", kPrompt}}}},
+                                     {"max_tokens", 12},
+                                     {"temperature", 0},
+                                     {"infoflow", {{"report", true}}}}
+                                    .dump());
+  ASSERT_TRUE(second);
+  ASSERT_EQ(second->status, 200) << second->body;
+  const json b = json::parse(second->body);
+  // The plain chat format adds nothing around one user message.
+  EXPECT_EQ(b["choices"][0]["message"]["content"], text);
+  EXPECT_GT(b["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(b["infoflow"]["chunk_hits"], 2);
+  std::printf("TTFT first (chunks prefilled) %.2f ms, second (chunks from the store) %.2f ms\n",
+              a["infoflow"]["ttft_ms"].get<double>(), b["infoflow"]["ttft_ms"].get<double>());
+}
+
+TEST_F(HttpServerTest, BadInputGetsAClearErrorAndTheServerStaysUp) {
+  StartServer({"--http-max-body-bytes=1048576"});
+  httplib::Result warm = Post("/v1/completions", CompletionBody(false).dump());
+  ASSERT_TRUE(warm);
+  ASSERT_EQ(warm->status, 200) << warm->body;
+  const std::string expected = json::parse(warm->body)["choices"][0]["text"];
+
+  struct Case {
+    std::string path, body;
+    int status;
+    std::string param;
+  };
+  json wrong_type = CompletionBody(false);
+  wrong_type["max_tokens"] = "many";
+  json unknown_model = CompletionBody(false);
+  unknown_model["model"] = "gpt-4";
+  json too_many_tokens = CompletionBody(false);
+  too_many_tokens["max_tokens"] = 100000;
+  json long_question = CompletionBody(false);
+  long_question["prompt"] = std::string(kPrompt) + std::string(200000, 'x');
+  const std::vector<Case> cases = {
+      {"/v1/completions", "{\"model\": \"infoflow-tiny\", \"prompt\": ", 400, "body"},
+      {"/v1/completions", "not json at all", 400, "body"},
+      {"/v1/completions", std::string(2 << 20, ' '), 413, "body"},
+      {"/v1/completions", std::string(5000, '[') + std::string(5000, ']'), 400, "body"},
+      {"/v1/completions", wrong_type.dump(), 400, "max_tokens"},
+      {"/v1/completions", unknown_model.dump(), 404, "model"},
+      {"/v1/completions", too_many_tokens.dump(), 400, "max_tokens"},
+      {"/v1/completions", long_question.dump(), 400, "question"},
+      {"/v1/chat/completions", R"({"model": "infoflow-tiny", "messages": "hi"})", 400, "messages"},
+      {"/v1/nowhere", "{}", 404, ""},
+  };
+  for (const Case& c : cases) {
+    httplib::Result r = Post(c.path, c.body);
+    ASSERT_TRUE(r) << c.path << " " << c.body.substr(0, 80) << ": no response";
+    EXPECT_EQ(r->status, c.status) << c.body.substr(0, 80) << " -> " << r->body;
+    const json e = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(e.is_object() && e.contains("error")) << r->body;
+    EXPECT_TRUE(e["error"]["message"].is_string());
+    EXPECT_TRUE(e["error"]["type"].is_string());
+    if (!c.param.empty()) {
+      EXPECT_EQ(e["error"]["param"], c.param) << r->body;
+    }
+  }
+
+  // Streams cut by the client, before and after the first token.
+  for (int i = 0; i < 4; ++i) {
+    RawConnection conn(port_);
+    ASSERT_TRUE(conn.ok());
+    ASSERT_TRUE(conn.Send(PostRequest("/v1/completions", CompletionBody(true, 128).dump())));
+    if (i % 2 == 1) conn.ReadUntil("data: ");
+    conn.Close();
+  }
+  // A request whose body never arrives in full.
+  {
+    RawConnection conn(port_);
+    const std::string req = PostRequest("/v1/completions", CompletionBody(false).dump());
+    ASSERT_TRUE(conn.Send(req.substr(0, req.size() - 20)));
+    conn.Close();
+  }
+  // A reader that stops reading for a while: the stream waits in the socket
+  // buffers, other clients are served meanwhile, and it ends with [DONE].
+  {
+    RawConnection slow(port_);
+    ASSERT_TRUE(slow.Send(PostRequest("/v1/completions", CompletionBody(true, 64).dump())));
+    const auto t0 = std::chrono::steady_clock::now();
+    ExpectServing(expected);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    const std::string got = slow.ReadUntil("data: [DONE]");
+    EXPECT_NE(got.find("data: [DONE]"), std::string::npos) << got.substr(0, 300);
+  }
+  ASSERT_TRUE(srv_->Alive()) << srv_->log();
+  ExpectServing(expected);
+
+  // Nothing stored is lost: after a graceful restart the chunks are hits.
+  EXPECT_EQ(srv_->Stop(), 0) << srv_->log();
+  std::string error;
+  ASSERT_TRUE(srv_->Start(&error)) << error;
+  port_ = HttpPort(*srv_);
+  httplib::Result again = Post("/v1/completions", CompletionBody(false).dump());
+  ASSERT_TRUE(again);
+  ASSERT_EQ(again->status, 200) << again->body;
+  const json j = json::parse(again->body);
+  EXPECT_EQ(j["choices"][0]["text"], expected);
+  EXPECT_EQ(j["infoflow"]["chunk_hits"], 2);
+  EXPECT_EQ(j["infoflow"]["chunk_misses"], 0);
+}
+
+TEST_F(HttpServerTest, SharesTheAuthTokenWithGrpc) {
+  const std::string token_file = dir_.path + "/token";
+  std::ofstream(token_file) << "s3cret\n";
+  StartServer({"--auth-token-file=" + token_file});
+  const std::string body = CompletionBody(false).dump();
+  httplib::Result none = Post("/v1/completions", body);
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 401);
+  EXPECT_EQ(json::parse(none->body)["error"]["type"], "authentication_error");
+  httplib::Result wrong = Post("/v1/completions", body, {{"Authorization", "Bearer nope"}});
+  ASSERT_TRUE(wrong);
+  EXPECT_EQ(wrong->status, 401);
+  httplib::Result right = Post("/v1/completions", body, {{"Authorization", "Bearer s3cret"}});
+  ASSERT_TRUE(right);
+  EXPECT_EQ(right->status, 200) << right->body;
+  httplib::Client c("127.0.0.1", port_);
+  EXPECT_EQ(c.Get("/v1/models")->status, 401);
+  EXPECT_EQ(c.Get("/health")->status, 200);  // probes need no token
+}
+
+TEST_F(HttpServerTest, StreamsServerSentEventsWithUsage) {
+  StartServer();
+  json body = CompletionBody(true);
+  body["stream_options"] = {{"include_usage", true}};
+  RawConnection conn(port_);
+  ASSERT_TRUE(conn.Send(PostRequest("/v1/completions", body.dump())));
+  const std::string got = conn.ReadUntil("data: [DONE]");
+  EXPECT_NE(got.find("text/event-stream"), std::string::npos) << got.substr(0, 300);
+  EXPECT_NE(got.find("\"finish_reason\":\"stop\""), std::string::npos);
+  EXPECT_NE(got.find("\"prompt_tokens_details\""), std::string::npos);
+  EXPECT_NE(got.find("\"infoflow\""), std::string::npos);
+  EXPECT_NE(got.find("data: [DONE]"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace infoflow::server::http
