@@ -13,9 +13,14 @@ void AppendChunkAt(const Model& model, const ChunkKv& chunk, int64_t offset, KvC
   at::Tensor positions = PositionRange(model, offset, chunk.size());
   const int64_t first = cache->AppendPositions(positions);
   const auto rope = model.RopeTables(positions);  // shared by every layer
+  at::Tensor scratch;  // one half-head product, reused by every layer
   for (int l = 0; l < model.n_layers(); ++l) {
-    cache->WriteRange(l, first, model.Rotate(chunk.k[l].to(model.device()), rope),
-                      chunk.v[l].to(model.device()));
+    // Rotated keys go straight into the cache slots: the only bytes this
+    // stage must write are the query's cache (K rotated, V copied).
+    const at::Tensor k = chunk.k[l].to(model.device()), v = chunk.v[l].to(model.device());
+    auto [k_slots, v_slots] = cache->SlotsForWrite(l, first, chunk.size(), k, v);
+    model.RotateInto(k, rope, k_slots, &scratch);
+    v_slots.copy_(v);
   }
 }
 

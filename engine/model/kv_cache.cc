@@ -90,6 +90,13 @@ void KvCache::WriteRange(int layer, int64_t first, const at::Tensor& k, const at
   v_[layer].narrow(1, first, v.size(1)).copy_(v);
 }
 
+std::pair<at::Tensor, at::Tensor> KvCache::SlotsForWrite(int layer, int64_t first, int64_t m,
+                                                           const at::Tensor& like_k,
+                                                           const at::Tensor& like_v) {
+  EnsureCapacity(length_, like_k, like_v);
+  return {k_[layer].narrow(1, first, m), v_[layer].narrow(1, first, m)};
+}
+
 void KvCache::Truncate(int64_t n) {
   length_ = std::min(length_, std::max<int64_t>(n, 0));
   if (!sorted_) RecheckSorted();

@@ -16,6 +16,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace infoflow {
@@ -58,6 +59,14 @@ class KvCache {
   void WriteAt(int layer, const at::Tensor& slots, const at::Tensor& k, const at::Tensor& v);
   // Same for a contiguous slot range [first, first + m).
   void WriteRange(int layer, int64_t first, const at::Tensor& k, const at::Tensor& v);
+  // Views of the K and V slots [first, first + m) of `layer` ([n_kv, m, hd]
+  // each) for the caller to write in place, e.g. rotated keys straight into
+  // the cache (Model::RotateInto) instead of through a temporary. `like_k`
+  // and `like_v` give head count, head dim, dtype and device when the cache
+  // has no storage yet. Slots must be < size() (after AppendPositions).
+  std::pair<at::Tensor, at::Tensor> SlotsForWrite(int layer, int64_t first, int64_t m,
+                                                  const at::Tensor& like_k,
+                                                  const at::Tensor& like_v);
 
   // True when positions never decrease with slot index (e.g. after a plain
   // prefill or reposition). Attention then skips keys past each query

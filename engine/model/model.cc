@@ -97,6 +97,33 @@ at::Tensor Model::Rotate(const at::Tensor& k,
   return ApplyRope(k, rope.first, rope.second, config_.rope_interleaved);
 }
 
+void Model::RotateInto(const at::Tensor& k, const std::pair<at::Tensor, at::Tensor>& rope,
+                       at::Tensor out, at::Tensor* scratch) const {
+  if (config_.rope_interleaved) {
+    out.copy_(Rotate(k, rope));
+    return;
+  }
+  // ApplyRope computes x * cos + cat(-x2, x1) * sin, each product rounded,
+  // then the sum; with cos/sin = [c, c] / [s, s] (RopeTables, rotate-half)
+  // that is out1 = x1*c - x2*s and out2 = x2*c + x1*s, the same roundings in
+  // the same order, without the four temporaries of k's size.
+  const int64_t half = k.size(-1) / 2;
+  const at::Tensor c = rope.first.narrow(-1, 0, half), s = rope.second.narrow(-1, 0, half);
+  const at::Tensor x1 = k.narrow(-1, 0, half), x2 = k.narrow(-1, half, half);
+  at::Tensor out1 = out.narrow(-1, 0, half), out2 = out.narrow(-1, half, half);
+  at::Tensor local;
+  at::Tensor& tmp = scratch != nullptr ? *scratch : local;
+  if (!tmp.defined() || tmp.sizes() != x1.sizes() || tmp.scalar_type() != k.scalar_type()) {
+    tmp = at::empty(x1.sizes(), k.options());
+  }
+  at::mul_out(out1, x1, c);
+  at::mul_out(tmp, x2, s);
+  out1.sub_(tmp);
+  at::mul_out(out2, x2, c);
+  at::mul_out(tmp, x1, s);
+  out2.add_(tmp);
+}
+
 at::Tensor Model::Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& q_pos, const at::Tensor& k_pos,
                             AttentionColumnStats* stats_out, bool keys_sorted) {

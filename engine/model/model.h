@@ -169,6 +169,12 @@ class Model {
   at::Tensor Rotate(const at::Tensor& k, const at::Tensor& positions) const;
   // Same with tables from RopeTables (reuse them across layers).
   at::Tensor Rotate(const at::Tensor& k, const std::pair<at::Tensor, at::Tensor>& rope) const;
+  // Rotate(k, rope) written into `out` (same shape as k, any strides, e.g.
+  // a slot range of a KvCache), bit-identical to it. Rotate-half pairing
+  // does it with no temporary of k's size; `scratch` (may be undefined; then
+  // allocated) holds one half-head product and is reused when it fits.
+  void RotateInto(const at::Tensor& k, const std::pair<at::Tensor, at::Tensor>& rope,
+                  at::Tensor out, at::Tensor* scratch) const;
 
   // Softmax attention of q [H, q, hd] over k, v [Hkv, N, hd] where query i
   // sees key j iff k_pos[j] <= q_pos[i]. With `keys_sorted` (k_pos

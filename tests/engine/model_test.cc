@@ -100,6 +100,25 @@ TEST_P(ModelExactness, RotateThenUnrotateIsIdentity) {
   EXPECT_LE(MaxAbsDiff(back, k), 1e-5);
 }
 
+// Reposition writes rotated keys straight into the cache (RotateInto): bit
+// for bit what Rotate returns, also into a strided slot range.
+TEST_P(ModelExactness, RotateIntoIsBitIdenticalToRotate) {
+  const int64_t n_kv = model_->config().num_key_value_heads, hd = model_->config().head_dim;
+  at::Tensor k = at::randn({n_kv, 50, hd}).to(model_->dtype());
+  const auto rope = model_->RopeTables(PositionRange(*model_, 1000, 50));
+  at::Tensor want = model_->Rotate(k, rope);
+  at::Tensor cache = at::full({n_kv, 80, hd}, 7.0, k.options());
+  at::Tensor scratch;
+  model_->RotateInto(k, rope, cache.narrow(1, 20, 50), &scratch);
+  EXPECT_TRUE(at::equal(cache.narrow(1, 20, 50), want));
+  EXPECT_TRUE(at::equal(cache.narrow(1, 0, 20), at::full({n_kv, 20, hd}, 7.0, k.options())));
+  EXPECT_TRUE(at::equal(cache.narrow(1, 70, 10), at::full({n_kv, 10, hd}, 7.0, k.options())));
+  // The scratch is reused for a second call of the same shape.
+  at::Tensor again = at::empty_like(want);
+  model_->RotateInto(k, rope, again, &scratch);
+  EXPECT_TRUE(at::equal(again, want));
+}
+
 // Chunk prefill after BOS drops the BOS KV and keeps positions 1..n.
 TEST_P(ModelExactness, BosPrefixChunkEqualsFullPrefillAfterBos) {
   if (!model_->config().bos_token_id.has_value()) GTEST_SKIP() << "config has no bos_token_id";
