@@ -30,11 +30,19 @@ constexpr auto kPoll = std::chrono::milliseconds(20);
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 // Exactly one thread computes on the device at a time. The prefill thread
-// holds the baton while it works and, at each yield point, hands it to the
-// decode loop when a step is waiting; when both want it they alternate (one
-// decode step, one piece of prefill), so neither starves.
+// holds the baton while it works and, at a yield point, hands it to the
+// decode loop when a step is waiting and the prefill has held the device for
+// at least `prefill_slice` since it last took it; when both want it they
+// alternate (one decode step, one slice of prefill), so neither starves.
+// Why a slice: yield points come after every layer's attention and MLP, so
+// handing over at each one made a short prefill (a few ms of work) wait for
+// a dozen decode steps; with many short requests the prefill thread then
+// became the bottleneck and decoders rarely overlapped (mean decode batch
+// 4.6-5.8 at 16 streams, docs/DESIGN.md §12). A slice bounds the decode
+// stall to about prefill_slice plus one step.
 class DeviceBaton {
  public:
+  explicit DeviceBaton(std::chrono::microseconds prefill_slice) : prefill_slice_(prefill_slice) {}
   void AcquireForDecode() { Acquire(Side::kDecode); }
   void AcquireForPrefill() { Acquire(Side::kPrefill); }
   void Release() {
@@ -49,6 +57,7 @@ class DeviceBaton {
     {
       std::lock_guard<std::mutex> l(mu_);
       if (!wants_[static_cast<int>(Side::kDecode)]) return;  // nobody decoding: go on
+      if (Clock::now() - held_since_ < prefill_slice_) return;  // the slice is not used up
     }
     Release();
     AcquireForPrefill();
@@ -63,11 +72,14 @@ class DeviceBaton {
     // Wait while held, or while the other side waits and we had the last turn.
     cv_.wait(l, [&] { return !held_ && !(wants_[static_cast<int>(other)] && last_ == side); });
     held_ = true;
+    held_since_ = Clock::now();
     last_ = side;
     wants_[static_cast<int>(side)] = false;
   }
 
+  const std::chrono::microseconds prefill_slice_;
   std::mutex mu_;
+  Clock::time_point held_since_;
   std::condition_variable cv_;
   bool held_ = false;
   bool wants_[2] = {false, false};
@@ -104,7 +116,11 @@ struct Request {
 
 struct Scheduler::Impl {
   Impl(const Model* m, const QueryRunner* r, Metrics* me, const SchedulerOptions& o)
-      : model(m), runner(r), metrics(me), options(o) {
+      : model(m),
+        runner(r),
+        metrics(me),
+        options(o),
+        baton(std::chrono::microseconds(static_cast<int64_t>(o.prefill_slice_ms * 1000))) {
     const ModelConfig& c = model->config();
     // K and V per layer per position in the compute dtype.
     kv_bytes_per_position = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim *

@@ -9,7 +9,8 @@
 //    prompt prefill; or an ingest batch) under a yield policy
 //    (engine/model/yield_point.h): between pieces of at most
 //    `max_batch_tokens` query rows it hands the device to the decode loop
-//    for one step when any request is decoding, then continues;
+//    for one step when any request is decoding and the prefill has used its
+//    `prefill_slice_ms` since it last took the device, then continues;
 //  - the decode loop advances every query in its decode phase by one token
 //    per step with one batched forward (Model::DecodeStep). Queries join
 //    after their prefill and leave when they finish, are cancelled or pass
@@ -45,6 +46,10 @@ struct SchedulerOptions {
   int queue_depth = 16;    // requests waiting beyond that
   int64_t max_kv_bytes = int64_t{4} << 30;  // KV cache bytes of running queries
   int64_t max_batch_tokens = 512;           // query rows per piece of prefill work
+  // A prefill keeps the device at least this long before a waiting decode
+  // step gets it (at the next yield point); 0 = hand over at every yield
+  // point. Bounds decode stalls to about this plus one step.
+  double prefill_slice_ms = 20;
 };
 
 class Scheduler {

@@ -187,6 +187,7 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
   so_sched.queue_depth = options.queue_depth;
   so_sched.max_kv_bytes = options.max_kv_bytes;
   so_sched.max_batch_tokens = options.max_batch_tokens;
+  so_sched.prefill_slice_ms = options.prefill_slice_ms;
   s->scheduler =
       std::make_unique<Scheduler>(s->model.get(), s->runner.get(), s->metrics.get(), so_sched);
   LargeBufferPool* pool = ActiveBufferPool();  // installed by InitTorchRuntime

@@ -45,6 +45,8 @@ const char kServerUsage[] =
     "                          (OUT_OF_RANGE)\n"
     "  --max-batch-tokens N    query rows per piece of prefill work between two decode steps\n"
     "                          (default 512): bounds the decode stall a long prefill causes\n"
+    "  --prefill-slice-ms N    a prefill keeps the device at least N ms before a waiting\n"
+    "                          decode step gets it (default 20; 0 = at every layer)\n"
     "  --threads N             torch CPU threads (default all cores)\n"
     "  --auth-token-file F     require 'authorization: Bearer <token in F>'\n"
     "  --tls-cert F --tls-key F  serve TLS\n"
@@ -125,6 +127,7 @@ absl::Status Apply(ServerOptions* o, const std::string& name, const std::string&
   else if (name == "workers" || name == "max-running") return num(&o->workers, 1);
   else if (name == "max-kv-bytes") return num(&o->max_kv_bytes, 1);
   else if (name == "max-batch-tokens") return num(&o->max_batch_tokens, 1);
+  else if (name == "prefill-slice-ms") return num(&o->prefill_slice_ms, 0);
   else if (name == "queue-depth") return num(&o->queue_depth, 0);
   else if (name == "threads") return num(&o->threads, 0);
   else if (name == "auth-token-file") o->auth_token_file = value;

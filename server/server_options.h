@@ -42,6 +42,9 @@ struct ServerOptions {
   int64_t max_kv_bytes = int64_t{4} << 30;
   // Query rows per piece of prefill work between decode steps.
   int64_t max_batch_tokens = 512;
+  // A prefill keeps the device this long before a waiting decode step gets
+  // it (server/scheduler.h); 0 = at every yield point.
+  int prefill_slice_ms = 20;
   int threads = 0;       // torch intra-op threads, 0 = all cores
   std::string auth_token_file;  // non-empty: require "authorization: Bearer <token>"
   std::string tls_cert;         // PEM files; both or neither

@@ -79,7 +79,8 @@ std::vector<int32_t> Ids(int64_t n, uint32_t seed, int vocab) {
 
 int Main(int argc, char** argv) {
   int threads = 0, reps = 3, chunks = 8;
-  int64_t tokens = 2048, context = 4096;
+  int64_t tokens = 2048, context = 4096, decode_context = -1;
+  bool decode_only = false;
   std::string dir;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string f = argv[i];
@@ -89,9 +90,12 @@ int Main(int argc, char** argv) {
     else if (f == "--chunks") chunks = std::atoi(argv[i + 1]);
     else if (f == "--model") dir = argv[i + 1];
     else if (f == "--reps") reps = std::atoi(argv[i + 1]);
+    else if (f == "--decode-context") decode_context = std::atoll(argv[i + 1]);
+    else if (f == "--decode-only") decode_only = std::string(argv[i + 1]) == "true";
     else {
       std::fprintf(stderr, "usage: engine_bench [--threads N] [--tokens N] [--context N] "
-                           "[--chunks N] [--model DIR] [--reps N]\n");
+                           "[--chunks N] [--model DIR] [--reps N] [--decode-context N (default "
+                           "--context)] [--decode-only true|false]\n");
       return 2;
     }
   }
@@ -119,6 +123,7 @@ int Main(int argc, char** argv) {
               (long long)m.config().intermediate_size, at::get_num_threads(),
               LoadedBlasLibrary().c_str());
 
+  if (!decode_only) {
   // 1. Prefill throughput vs matmul peak.
   const double peak = MatmulPeakGflops(reps);
   const auto prompt = Ids(tokens, 1, vocab);
@@ -229,9 +234,12 @@ int Main(int argc, char** argv) {
                 ttft);
   }
 
+  }  // !decode_only
+
   // 4. Batched decode step: each of B requests has its own `context`-token
   // cache. Weights are read once per step; every request's K/V is read once
   // per step, so the per-request cost falls only while weights dominate.
+  if (decode_context > 0) context = decode_context;
   std::printf("\nbatched decode step over %lld-token caches (median of %d steps)\n",
               (long long)context, 8 * reps);
   std::printf("%6s %10s %12s %12s %16s\n", "batch", "step ms", "tokens/s", "vs batch 1",
