@@ -87,7 +87,7 @@ const char kServerUsage[] =
     "                          (default ' # # ')\n"
     "  --http-chat-format F    chat format of /v1/chat/completions: auto (from the model's\n"
     "                          tokenizer_config.json chat_template, else its model_type),\n"
-    "                          qwen, llama3, mistral or plain (default auto)\n"
+    "                          qwen, llama3, mistral, glm4 or plain (default auto)\n"
     "  --http-max-body-bytes N larger HTTP request bodies are refused with 413 (default 16 MiB)\n"
     "  --config FILE           key=value lines with the flag names above\n";
 
@@ -160,9 +160,10 @@ absl::Status Apply(ServerOptions* o, const std::string& name, const std::string&
     o->blend_separator = value;
   } else if (name == "http-chat-format") {
     if (value != "auto" && value != "qwen" && value != "llama3" && value != "mistral" &&
-        value != "plain") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--http-chat-format: expected auto, qwen, llama3, mistral or plain, got '", value, "'"));
+        value != "glm4" && value != "plain") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--http-chat-format: expected auto, qwen, llama3, mistral, glm4 or plain, "
+                       "got '", value, "'"));
     }
     o->http_chat_format = value;
   }

@@ -57,7 +57,9 @@ std::vector<std::string_view> SplitOnSeparator(std::string_view text, std::strin
   return pieces;
 }
 
-std::vector<std::string> ChatFormatNames() { return {"qwen", "llama3", "mistral", "plain"}; }
+std::vector<std::string> ChatFormatNames() {
+  return {"qwen", "llama3", "mistral", "glm4", "plain"};
+}
 
 absl::StatusOr<ChatFormat> FindChatFormat(const std::string& name) {
   ChatFormat f;
@@ -86,6 +88,14 @@ absl::StatusOr<ChatFormat> FindChatFormat(const std::string& name) {
     f.user_close = " [/INST]";
     f.assistant_close = "</s>";
     f.answer_open = f.user_close;
+  } else if (name == "glm4") {
+    // [gMASK]<sop> open the prompt (no BOS); each turn is a role token and a
+    // newline, with no end-of-turn token (client/chat_presets.cc's glm4).
+    f.bos = "[gMASK]<sop>";
+    f.system_open = "<|system|>\n";
+    f.user_open = "<|user|>\n";
+    f.assistant_open = "<|assistant|>\n";
+    f.answer_open = f.assistant_open;
   } else if (name == "plain") {
     f.system_close = "\n";
     f.user_close = "\n";
@@ -106,6 +116,9 @@ ChatFormat DetectChatFormat(std::string_view tokenizer_config_json, std::string_
     name = "llama3";
   } else if (Contains(tokenizer_config_json, "[INST]")) {
     name = "mistral";
+  } else if (Contains(tokenizer_config_json, "[gMASK]") || model_type == "glm" ||
+             model_type == "glm4") {
+    name = "glm4";
   } else if (model_type == "qwen2" || model_type == "qwen3") {
     name = "qwen";
   } else if (model_type == "mistral" || model_type == "mixtral") {

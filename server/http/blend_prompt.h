@@ -26,7 +26,7 @@ std::vector<std::string_view> SplitOnSeparator(std::string_view text, std::strin
 // client's --chat presets, client/chat_presets.h, which also add
 // "Question: " before the question).
 struct ChatFormat {
-  std::string name;        // "qwen", "llama3", "mistral", "plain"
+  std::string name;        // "qwen", "llama3", "mistral", "glm4", "plain"
   std::string bos;         // once, before the first message
   bool system_in_first_user = false;  // no system role: "{system}\n\n" opens the first user turn
   std::string system_open, system_close;
@@ -36,13 +36,14 @@ struct ChatFormat {
   std::string answer_open;
 };
 
-// Format names in --help order: qwen, llama3, mistral, plain.
+// Format names in --help order: qwen, llama3, mistral, glm4, plain.
 std::vector<std::string> ChatFormatNames();
 
 // The named format; NotFound for an unknown name.
 //   qwen    ChatML (Qwen2, Qwen2.5, Qwen3): <|im_start|>ROLE\n ... <|im_end|>\n
 //   llama3  <|begin_of_text|> then <|start_header_id|>ROLE<|end_header_id|>\n\n ... <|eot_id|>
 //   mistral <s>[INST] {system}\n\n{user} [/INST]{assistant}</s>
+//   glm4    [gMASK]<sop> then <|ROLE|>\n ... (GLM-4; no end-of-turn token)
 //   plain   no markup: each earlier message's content then "\n"; the last
 //           user message ends the prompt (models without a chat format,
 //           such as the shipped infoflow-tiny)

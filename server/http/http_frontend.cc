@@ -314,7 +314,7 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(
     absl::StatusOr<ChatFormat> f = FindChatFormat(options.chat_format);
     if (!f.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--http-chat-format: '", options.chat_format, "' (auto, qwen, llama3, mistral, plain)"));
+          "--http-chat-format: '", options.chat_format, "' (auto, qwen, llama3, mistral, glm4, plain)"));
     }
     impl->ctx.chat_format = *f;
   }

@@ -70,7 +70,7 @@ TEST(BlendPrompt, RefusesPromptsWithoutChunksOrQuestion) {
 // The chat formats render exactly the markup of the CLI's --chat presets
 // (client/chat_presets.h), which add only "\n\nQuestion: " before the question.
 TEST(BlendPrompt, ChatFormatsMatchTheClientPresets) {
-  for (const std::string name : {"qwen", "llama3", "mistral"}) {
+  for (const std::string name : {"qwen", "llama3", "mistral", "glm4"}) {
     SCOPED_TRACE(name);
     const std::string system = "Answer from the documents.";
     absl::StatusOr<ChatFormat> f = FindChatFormat(name);
@@ -112,6 +112,8 @@ TEST(BlendPrompt, DetectsTheChatFormat) {
   EXPECT_EQ(DetectChatFormat(R"({"chat_template": "[INST]"})", "llama").name, "mistral");
   EXPECT_EQ(DetectChatFormat("", "qwen3").name, "qwen");
   EXPECT_EQ(DetectChatFormat("", "mistral").name, "mistral");
+  EXPECT_EQ(DetectChatFormat(R"({"chat_template": "[gMASK]<sop>{% for"})", "llama").name, "glm4");
+  EXPECT_EQ(DetectChatFormat("", "glm4").name, "glm4");
   EXPECT_EQ(DetectChatFormat("", "llama").name, "plain");
 }
 
