@@ -76,6 +76,21 @@ const char kServerUsage[] =
     "                          consecutive failures the tier is skipped for 2 s\n"
     "  --remote-ttl-s N        expiry of records written to the cluster (default 0 = none)\n"
     "  --remote-auth-file F    Redis AUTH: F holds 'password', or 'user' and 'password' lines\n"
+    "  --remote-fill-queue-bytes N\n"
+    "                          a chunk fetched from the cluster is served at once and written\n"
+    "                          to local disk by a background thread; at most N bytes wait\n"
+    "                          (default 256 MiB), past that the local copy is skipped\n"
+    "                          (infoflow_remote_fill_dropped_total)\n"
+    "  --remote-write-queue-bytes N\n"
+    "                          ingest stores locally and writes the cluster behind it; at most\n"
+    "                          N bytes wait (default 256 MiB), past that a write is refused\n"
+    "                          (infoflow_remote_writes_total{result=\"dropped\"}, reply FAILED)\n"
+    "  --remote-write-attempts N  tries per cluster write, with backoff 0.1 s doubling to 5 s\n"
+    "                          (default 10)\n"
+    "  --remote-write-give-up-s N  a cluster write still failing N s after its first try is\n"
+    "                          given up and logged (default 60)\n"
+    "  --remote-drain-timeout-ms N  on shutdown, wait up to N ms for pending cluster writes\n"
+    "                          (default 5000), then log each one not written\n"
     "  --config FILE           key=value lines with the flag names above\n";
 
 namespace {
@@ -140,6 +155,11 @@ absl::Status Apply(ServerOptions* o, const std::string& name, const std::string&
   else if (name == "remote-timeout-ms") return num(&o->remote_timeout_ms, 1);
   else if (name == "remote-ttl-s") return num(&o->remote_ttl_s, 0);
   else if (name == "remote-auth-file") o->remote_auth_file = value;
+  else if (name == "remote-fill-queue-bytes") return num(&o->remote_fill_queue_bytes, 0);
+  else if (name == "remote-write-queue-bytes") return num(&o->remote_write_queue_bytes, 0);
+  else if (name == "remote-write-attempts") return num(&o->remote_write_attempts, 1);
+  else if (name == "remote-write-give-up-s") return num(&o->remote_write_give_up_s, 0);
+  else if (name == "remote-drain-timeout-ms") return num(&o->remote_drain_timeout_ms, 0);
   else if (name == "min-free-disk-bytes") return num(&o->min_free_disk_bytes, 0);
   else if (name == "max-prompt-tokens") return num(&o->max_prompt_tokens, 1);
   else if (name == "max-prefix-tokens") return num(&o->max_prefix_tokens, 1);
