@@ -15,11 +15,14 @@
 #include <list>
 #include <mutex>
 #include <system_error>
+#include <thread>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "cache_store/ram_tier.h"
+#include "cache_store/record_queue.h"
+#include "cache_store/remote_writer.h"
 
 namespace infoflow::store {
 namespace {
@@ -181,6 +184,9 @@ class ChunkStore::Impl {
         ram_(options_.ram_tier_bytes, &counters_) {}
 
   ~Impl() {
+    // Background writers first: they write into db_ and count into counters_.
+    writer_.reset();
+    StopLocalFills();
     if (db_ == nullptr) return;
     // Best effort: losing access order only degrades eviction choices.
     (void)PersistAccessOrder();
@@ -200,7 +206,44 @@ class ChunkStore::Impl {
     if (!c.ok()) return c.status();
     remote_ = *std::move(c);
     counters_.remote_enabled.store(1, std::memory_order_relaxed);
+    const RemoteTierOptions& r = options_.remote;
+    RemoteWriterOptions wo;
+    wo.queue_bytes = r.write_queue_bytes;
+    wo.max_attempts = std::max(1, r.write_max_attempts);
+    wo.retry_initial = r.write_retry_initial;
+    wo.retry_max = r.write_retry_max;
+    wo.give_up_after = r.write_give_up_after;
+    wo.key_prefix = r.key_prefix;
+    wo.ttl_seconds = r.ttl_seconds;
+    writer_ = std::make_unique<RemoteWriter>(remote_.get(), std::move(wo), &counters_,
+                                             [this](const absl::Status& s) {
+                                               CountRemoteError(s, "set");
+                                             });
+    fills_ = std::make_unique<RecordQueue>(r.fill_queue_bytes);
+    fill_thread_ = std::thread([this] { RunLocalFills(); });
     return absl::OkStatus();
+  }
+  RemoteWriteState RemoteState(const ChunkKey& key) const {
+    return writer_ == nullptr ? RemoteWriteState::kNotConfigured : writer_->State(key);
+  }
+  std::vector<UnwrittenRecord> DrainRemoteWrites(std::chrono::milliseconds timeout) {
+    if (writer_ == nullptr) return {};
+    return writer_->Drain(timeout);
+  }
+  bool WaitForLocalFills(std::chrono::milliseconds timeout) {
+    if (fills_ == nullptr) return true;
+    if (!fills_->WaitEmpty(std::chrono::steady_clock::now() + timeout)) return false;
+    // The last fill left the queue under write_mu_; its counters are
+    // updated before write_mu_ is released.
+    std::lock_guard<std::mutex> w(write_mu_);
+    return true;
+  }
+  void PauseLocalFills(bool paused) {
+    {
+      std::lock_guard<std::mutex> lock(fill_mu_);
+      fill_paused_ = paused;
+    }
+    fill_cv_.notify_all();
   }
   absl::StatusOr<PutResult> Put(const ChunkKey& key, std::string record);
   absl::StatusOr<GetResult> Get(const ChunkKey& key);
@@ -228,6 +271,10 @@ class ChunkStore::Impl {
   rocksdb::ColumnFamilyHandle* data_cf_ = nullptr;
   rocksdb::ColumnFamilyHandle* index_cf_ = nullptr;
   std::unique_ptr<RedisCluster> remote_;  // the shared tier; null when off
+  // With the shared tier: its write-behind, and the queue of fetched
+  // records waiting for their local write (drained by fill_thread_).
+  std::unique_ptr<RemoteWriter> writer_;
+  std::unique_ptr<RecordQueue> fills_;
 
  private:
   struct Entry {
@@ -270,9 +317,15 @@ class ChunkStore::Impl {
   // them and stores the good ones locally. Never fails: faults are misses.
   std::vector<absl::StatusOr<GetResult>> ReadFromRemote(absl::Span<const ChunkKey> keys,
                                                         const std::vector<GetStatus>& local);
-  // Writes a stored or computed record to the shared tier; failures are
-  // counted and logged.
-  void WriteThrough(const ChunkKey& key, const std::string& bytes);
+  // Queues a stored or computed record for the shared tier (write-behind).
+  void WriteBehind(const ChunkKey& key, const std::shared_ptr<const ChunkValue>& value);
+  // Queues the local write of a record fetched from the shared tier, or
+  // counts it dropped when the queue is full (it is still served, from RAM).
+  void QueueLocalFill(const ChunkKey& key, const std::shared_ptr<const ChunkValue>& value);
+  // fill_thread_: writes queued fills until StopLocalFills, which lets it
+  // finish what is queued first (local writes: bounded and quick).
+  void RunLocalFills();
+  void StopLocalFills();
   void CountRemoteError(const absl::Status& s, const char* what);
   // Writes a verified value. Requires write_mu_.
   absl::StatusOr<PutResult> PutVerifiedLocked(
@@ -323,6 +376,12 @@ class ChunkStore::Impl {
 
   FlightGroup loads_;
   FlightGroup computes_;
+
+  std::mutex fill_mu_;  // guards fill_paused_, fill_stop_
+  std::condition_variable fill_cv_;
+  bool fill_paused_ = false;
+  bool fill_stop_ = false;
+  std::thread fill_thread_;
 };
 
 absl::Status ChunkStore::Impl::Open() {
@@ -615,12 +674,10 @@ std::vector<absl::StatusOr<GetResult>> ChunkStore::Impl::ReadFromRemote(
       out.push_back(r);
       continue;
     }
-    {
-      std::lock_guard<std::mutex> w(write_mu_);
-      absl::StatusOr<PutResult> put = PutVerifiedLocked(keys[i], v, /*insert_into_ram=*/false);
-      if (!put.ok()) counters_.put_errors.fetch_add(1, std::memory_order_relaxed);
-    }
+    // In RAM before the flight finishes, so a lookup arriving after it is a
+    // RAM hit; the disk write is the fill thread's, off this query's path.
     ram_.Insert(keys[i], v);
+    QueueLocalFill(keys[i], v);
     counters_.remote_hits.fetch_add(1, std::memory_order_relaxed);
     r.status = GetStatus::kFound;
     r.value = std::move(v);
@@ -630,16 +687,68 @@ std::vector<absl::StatusOr<GetResult>> ChunkStore::Impl::ReadFromRemote(
   return out;
 }
 
-void ChunkStore::Impl::WriteThrough(const ChunkKey& key, const std::string& bytes) {
-  if (remote_ == nullptr) return;
-  absl::Status s = remote_->Set(RemoteKey(key), bytes, options_.remote.ttl_seconds);
-  if (!s.ok()) {
-    counters_.remote_write_errors.fetch_add(1, std::memory_order_relaxed);
-    CountRemoteError(s, "set");
-    return;
+void ChunkStore::Impl::WriteBehind(const ChunkKey& key,
+                                   const std::shared_ptr<const ChunkValue>& value) {
+  if (writer_ != nullptr) writer_->Enqueue(key, value);
+}
+
+void ChunkStore::Impl::QueueLocalFill(const ChunkKey& key,
+                                      const std::shared_ptr<const ChunkValue>& value) {
+  if (fills_->Push(key, value) == RecordQueue::PushResult::kFull) {
+    counters_.remote_fill_dropped.fetch_add(1, std::memory_order_relaxed);
   }
-  counters_.remote_writes.fetch_add(1, std::memory_order_relaxed);
-  counters_.remote_bytes_written.fetch_add(bytes.size(), std::memory_order_relaxed);
+  counters_.remote_fill_queue_bytes.store(fills_->bytes(), std::memory_order_relaxed);
+}
+
+void ChunkStore::Impl::RunLocalFills() {
+  while (true) {
+    bool stopping;
+    {
+      std::unique_lock<std::mutex> lock(fill_mu_);
+      fill_cv_.wait(lock, [&] { return fill_stop_ || !fill_paused_; });
+      stopping = fill_stop_;
+    }
+    // While running, wake up now and then to see a pause or stop; when
+    // stopping, take only what is queued already.
+    const auto deadline = std::chrono::steady_clock::now() +
+                          (stopping ? std::chrono::milliseconds(0) : std::chrono::milliseconds(200));
+    std::vector<RecordQueue::Item> next = fills_->Front(1, UINT64_MAX, deadline);
+    if (next.empty()) {
+      if (stopping) return;
+      continue;
+    }
+    {
+      // Paused while we waited for the item: hold it.
+      std::lock_guard<std::mutex> lock(fill_mu_);
+      if (fill_paused_ && !fill_stop_) continue;
+    }
+    const RecordQueue::Item& item = next[0];
+    {
+      std::lock_guard<std::mutex> w(write_mu_);
+      // Delete removes a queued fill under write_mu_ too: a deleted record
+      // is never written back by a fill that was already queued.
+      if (!fills_->Contains(item.key)) continue;
+      absl::StatusOr<PutResult> put = PutVerifiedLocked(item.key, item.value,
+                                                        /*insert_into_ram=*/false);
+      fills_->Remove(item.key);
+      if (!put.ok()) {
+        counters_.put_errors.fetch_add(1, std::memory_order_relaxed);
+      } else if (*put == PutResult::kStored) {
+        counters_.remote_fills.fetch_add(1, std::memory_order_relaxed);
+      }
+      counters_.remote_fill_queue_bytes.store(fills_->bytes(), std::memory_order_relaxed);
+    }
+  }
+}
+
+void ChunkStore::Impl::StopLocalFills() {
+  if (!fill_thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(fill_mu_);
+    fill_stop_ = true;
+  }
+  fill_cv_.notify_all();
+  fill_thread_.join();
 }
 
 absl::StatusOr<GetResult> ChunkStore::Impl::Get(const ChunkKey& key) {
@@ -671,11 +780,34 @@ std::vector<absl::StatusOr<GetResult>> ChunkStore::Impl::MultiGet(
   std::vector<std::shared_ptr<Flight>> remote_flights;
   std::vector<GetStatus> remote_local;
   // Joins (or follows) the shared-tier flight for keys[i]; true if handled.
-  auto go_remote = [&](size_t i, GetStatus local) {
+  // A RAM hit on keys[i] (counted), for a key the index does not vouch for.
+  // Only a fetched record whose local fill is pending or was dropped is in
+  // RAM without an index entry, and it was verified like any other.
+  auto ram_hit = [&](size_t i) {
+    std::shared_ptr<const ChunkValue> v = ram_.Lookup(keys[i]);
+    if (v == nullptr) return false;
+    counters_.ram_hits.fetch_add(1, std::memory_order_relaxed);
+    GetResult r;
+    r.status = GetStatus::kFound;
+    r.value = std::move(v);
+    r.from_ram = true;
+    out[i] = std::move(r);
+    settled[i] = true;
+    return true;
+  };
+  // `ram_ok`: a RAM copy may be served (false for an expired key, whose RAM
+  // copy is the expired record until the cleanup below erases it).
+  auto go_remote = [&](size_t i, GetStatus local, bool ram_ok) {
     auto [flight, leader] = loads_.Join(keys[i]);
     if (!leader) {
       counters_.single_flight_waits.fetch_add(1, std::memory_order_relaxed);
       followed.emplace_back(i, std::move(flight));
+      return;
+    }
+    // A fetch of this key may have finished between our look at RAM and
+    // Join (it inserted into RAM first): one cluster trip per burst.
+    if (ram_ok && ram_hit(i)) {
+      loads_.Finish(keys[i], flight, out[i]);
       return;
     }
     remote_pos.push_back(i);
@@ -690,13 +822,16 @@ std::vector<absl::StatusOr<GetResult>> ChunkStore::Impl::MultiGet(
       continue;  // filled from the first occurrence at the end
     }
     GetResult r;
-    switch (CheckAndTouch(key)) {
+    const Presence presence = CheckAndTouch(key);
+    switch (presence) {
       case Presence::kExpired:
         expired.push_back(key);
         [[fallthrough]];
       case Presence::kAbsent:
         if (remote) {
-          go_remote(i, GetStatus::kNotFound);  // counted there
+          const bool ram_ok = presence == Presence::kAbsent;
+          if (ram_ok && ram_hit(i)) continue;
+          go_remote(i, GetStatus::kNotFound, ram_ok);  // counted there
           continue;
         }
         counters_.misses.fetch_add(1, std::memory_order_relaxed);
@@ -706,7 +841,9 @@ std::vector<absl::StatusOr<GetResult>> ChunkStore::Impl::MultiGet(
       case Presence::kCorrupt:
         counters_.corrupt.fetch_add(1, std::memory_order_relaxed);
         if (remote) {
-          go_remote(i, GetStatus::kCorrupt);
+          // RAM never holds the corrupt bytes (MarkCorrupt erased them); a
+          // copy there is a good record fetched since, its fill pending.
+          go_remote(i, GetStatus::kCorrupt, /*ram_ok=*/true);
           continue;
         }
         r.status = GetStatus::kCorrupt;
@@ -783,8 +920,11 @@ std::vector<absl::StatusOr<GetResult>> ChunkStore::Impl::MultiGet(
       expired.erase(std::remove_if(expired.begin(), expired.end(),
                                    [&](const ChunkKey& k) {
                                      auto it = index_.find(k);
+                                     // A queued fill replaces it anyway;
+                                     // deleting would drop its RAM copy.
                                      return it == index_.end() ||
-                                            !ExpiredLocked(it->second, now);
+                                            !ExpiredLocked(it->second, now) ||
+                                            (fills_ != nullptr && fills_->Contains(k));
                                    }),
                     expired.end());
     }
@@ -823,7 +963,7 @@ absl::StatusOr<PutResult> ChunkStore::Impl::Put(const ChunkKey& key,
     std::lock_guard<std::mutex> w(write_mu_);
     put = PutVerifiedLocked(key, *v, options_.ram_insert_on_put);
   }
-  if (put.ok() && *put == PutResult::kStored) WriteThrough(key, (*v)->bytes());
+  if (put.ok() && *put == PutResult::kStored) WriteBehind(key, *v);
   return put;
 }
 
@@ -945,11 +1085,19 @@ absl::Status ChunkStore::Impl::DeleteKeysLocked(
 
 absl::StatusOr<bool> ChunkStore::Impl::Delete(const ChunkKey& key) {
   std::lock_guard<std::mutex> w(write_mu_);
+  // Under write_mu_, like the fill thread's write: a fill is either done
+  // (and deleted below) or cancelled here.
+  const bool queued = fills_ != nullptr && fills_->Remove(key);
+  if (queued) {
+    counters_.remote_fill_queue_bytes.store(fills_->bytes(), std::memory_order_relaxed);
+  }
   uint64_t removed = 0;
   absl::Status s =
       DeleteKeysLocked(absl::MakeSpan(&key, 1), &counters_.deletes, &removed);
   if (!s.ok()) return s;
-  return removed > 0;
+  ram_.Erase(key);  // also a RAM-only copy of a fetched record
+  if (queued && removed == 0) counters_.deletes.fetch_add(1, std::memory_order_relaxed);
+  return removed > 0 || queued;
 }
 
 absl::StatusOr<GetResult> ChunkStore::Impl::GetOrCompute(
@@ -993,9 +1141,8 @@ absl::StatusOr<GetResult> ChunkStore::Impl::GetOrCompute(
   }();
   absl::StatusOr<GetResult> mine = result;
   computes_.Finish(key, flight, std::move(result));
-  // After the followers are released: they need not wait for the cluster.
   // Also overwrites a value in the cluster that failed verification.
-  if (mine.ok() && mine->computed) WriteThrough(key, mine->value->bytes());
+  if (mine.ok() && mine->computed) WriteBehind(key, mine->value);
   return mine;
 }
 
@@ -1134,6 +1281,12 @@ StoreStats ChunkStore::Impl::Stats() const {
                      load(counters_.remote_errors_server);
   st.remote_bytes_read = load(counters_.remote_bytes_read);
   st.remote_bytes_written = load(counters_.remote_bytes_written);
+  st.remote_pending_writes = load(counters_.remote_pending_writes);
+  st.remote_pending_bytes = load(counters_.remote_pending_bytes);
+  st.remote_writes = load(counters_.remote_writes);
+  st.remote_write_failed = load(counters_.remote_write_failed);
+  st.remote_write_dropped = load(counters_.remote_write_dropped);
+  st.remote_fill_dropped = load(counters_.remote_fill_dropped);
   for (rocksdb::ColumnFamilyHandle* cf : {data_cf_, index_cf_}) {
     uint64_t v = 0;
     if (db_->GetIntProperty(cf, rocksdb::DB::Properties::kTotalSstFilesSize,
@@ -1210,6 +1363,16 @@ rocksdb::ColumnFamilyHandle* ChunkStore::data_cf_for_testing() const {
   return impl_->data_cf_;
 }
 void ChunkStore::ClearRamTierForTesting() { impl_->ram_.Clear(); }
+void ChunkStore::PauseLocalFillsForTesting(bool paused) { impl_->PauseLocalFills(paused); }
+RemoteWriteState ChunkStore::RemoteState(const ChunkKey& key) const {
+  return impl_->RemoteState(key);
+}
+std::vector<UnwrittenRecord> ChunkStore::DrainRemoteWrites(std::chrono::milliseconds timeout) {
+  return impl_->DrainRemoteWrites(timeout);
+}
+bool ChunkStore::WaitForLocalFills(std::chrono::milliseconds timeout) {
+  return impl_->WaitForLocalFills(timeout);
+}
 RedisCluster* ChunkStore::remote_cluster() const { return impl_->remote_.get(); }
 std::string ChunkStore::RemoteKey(const ChunkKey& key) const { return impl_->RemoteKey(key); }
 

@@ -36,8 +36,12 @@
 //
 // Optional shared tier (options.remote, docs/DESIGN.md §13): a Redis Cluster
 // behind RAM and disk that every replica reads on a local miss (verified
-// like a disk read, then stored locally) and that Put and GetOrCompute
-// write through to. Its faults are misses, never errors.
+// like a disk read). Neither direction is on the caller's path: a fetched
+// record is used at once and put in RAM, and its local write is queued for a
+// background thread (bounded; dropped and counted when full); what Put and
+// GetOrCompute store locally is queued for a write-behind thread (bounded,
+// retried with backoff) that writes it to the cluster. Its faults are
+// misses, never errors; the local store is authoritative.
 //
 // Durability: with options.sync = true (default) a Put that returned OK
 // survives a process or machine crash. With sync = false it survives a
@@ -46,6 +50,7 @@
 #define INFOFLOW_CACHE_STORE_CHUNK_STORE_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -93,6 +98,21 @@ struct RemoteTierOptions {
   // valid but belongs to another model is counted as remote_wrong_model
   // rather than remote_corrupt. Empty: not told apart.
   std::string model_fingerprint;
+  // Records fetched from the cluster wait here, at most this many bytes, to
+  // be written to local RocksDB by a background thread; a fetch that does
+  // not fit is not filled locally (counted, remote_fill_dropped) but still
+  // served, and stays in the RAM tier while it fits there.
+  uint64_t fill_queue_bytes = uint64_t{256} << 20;
+  // Write-behind to the cluster (cache_store/remote_writer.h): at most this
+  // many bytes queued (more is refused and counted, remote_write_dropped);
+  // a failed SET is retried with backoff from write_retry_initial doubling
+  // up to write_retry_max, at most write_max_attempts times and for at most
+  // write_give_up_after after its first try.
+  uint64_t write_queue_bytes = uint64_t{256} << 20;
+  int write_max_attempts = 10;
+  std::chrono::milliseconds write_retry_initial{100};
+  std::chrono::milliseconds write_retry_max{5000};
+  std::chrono::milliseconds write_give_up_after{60000};
 
   bool enabled() const { return !cluster.seeds.empty(); }
 };
@@ -180,7 +200,24 @@ struct GetResult {
   std::shared_ptr<const ChunkValue> value;
   bool from_ram = false;   // served by the RAM tier
   bool computed = false;   // produced by GetOrCompute's compute callback
-  bool from_remote = false;  // fetched from the shared tier (and now stored locally)
+  // Fetched from the shared tier now; its local write is queued (or was
+  // dropped, remote_fill_dropped), it is in the RAM tier if it fits there.
+  bool from_remote = false;
+};
+
+// Where a record's copy in the shared tier stands (ChunkStore::RemoteState).
+enum class RemoteWriteState : uint8_t {
+  kNotConfigured,  // no shared tier
+  kUnknown,        // no write of it queued by this process, or long forgotten
+  kPending,        // queued or being written (retried on failure)
+  kWritten,        // the cluster acknowledged the SET
+  kFailed,         // not written: queue full, attempts exhausted or abandoned
+};
+
+// A record the write-behind could not write (ChunkStore::DrainRemoteWrites).
+struct UnwrittenRecord {
+  ChunkKey key;
+  uint64_t bytes = 0;
 };
 
 enum class PutResult {
@@ -230,8 +267,22 @@ struct StoreCounters {
   std::atomic<uint64_t> remote_errors_server{0};
   std::atomic<uint64_t> remote_bytes_read{0};
   std::atomic<uint64_t> remote_bytes_written{0};
-  std::atomic<uint64_t> remote_writes{0};        // records written through
-  std::atomic<uint64_t> remote_write_errors{0};  // write-throughs that failed
+  // Write-behind (RemoteTierOptions::write_*): records written, SET
+  // attempts that failed (each retry counts), records given up after their
+  // attempts or abandoned at close, records refused because the queue was
+  // full; gauges of what is queued.
+  std::atomic<uint64_t> remote_writes{0};
+  std::atomic<uint64_t> remote_write_errors{0};
+  std::atomic<uint64_t> remote_write_failed{0};
+  std::atomic<uint64_t> remote_write_dropped{0};
+  std::atomic<uint64_t> remote_pending_bytes{0};
+  std::atomic<uint64_t> remote_pending_writes{0};
+  // Local fill of fetched records (RemoteTierOptions::fill_queue_bytes):
+  // records written to local RocksDB, records not queued because the queue
+  // was full, gauge of queued bytes. A failed fill counts in put_errors.
+  std::atomic<uint64_t> remote_fills{0};
+  std::atomic<uint64_t> remote_fill_dropped{0};
+  std::atomic<uint64_t> remote_fill_queue_bytes{0};
   // Latency of one batched fetch (all of a lookup's keys, in parallel):
   // counts per upper bound in ms (cumulative is computed by the exporter),
   // the last slot is +Inf.
@@ -262,6 +313,9 @@ struct StoreStats {
   // Shared tier (all 0 when off).
   uint64_t remote_hits = 0, remote_misses = 0, remote_corrupt = 0, remote_errors = 0;
   uint64_t remote_bytes_read = 0, remote_bytes_written = 0;
+  uint64_t remote_pending_writes = 0, remote_pending_bytes = 0;
+  uint64_t remote_writes = 0, remote_write_failed = 0, remote_write_dropped = 0;
+  uint64_t remote_fill_dropped = 0;
 };
 
 class ChunkStore {
@@ -286,9 +340,10 @@ class ChunkStore {
 
   // Stores `record` (an encoded KV record) under `key`. Idempotent: if an
   // intact, unexpired record with `key` exists, writes nothing and returns
-  // kAlreadyPresent. A record stored (kStored) is also written through to
-  // the shared tier when configured; a failure there is counted and logged,
-  // never returned. A record that a Get reported kCorrupt is replaced.
+  // kAlreadyPresent. A record stored (kStored) is also queued for the shared
+  // tier when configured (write-behind: RemoteState says how far it got);
+  // nothing about the shared tier is ever returned. A record that a Get
+  // reported kCorrupt is replaced.
   // InvalidArgument if `record` does not decode or is not the record of
   // `key`; ResourceExhausted if it alone exceeds capacity_bytes; other
   // errors are RocksDB I/O failures. Durable on return when options.sync.
@@ -299,8 +354,8 @@ class ChunkStore {
   // errors; missing and corrupt records are values (GetResult::status), and
   // so is every fault of the shared tier (a miss, counted by kind). A record
   // from the shared tier is verified exactly like one from disk (checksum,
-  // header, recomputed key) and then stored locally and in RAM. Corrupt
-  // results are counted.
+  // header, recomputed key), inserted into RAM and queued for its local
+  // write (which the caller does not wait for). Corrupt results are counted.
   absl::StatusOr<GetResult> Get(const ChunkKey& key);
 
   // Get for each of `keys` (a query's chunk list), batching the disk reads.
@@ -317,7 +372,8 @@ class ChunkStore {
   // the caller still gets its KV.
   //
   // With a shared tier: a local miss is looked up in the cluster first,
-  // and the computed record is written through to it. `just_missed`: the
+  // and the computed record is queued for the cluster (write-behind, after
+  // the waiters are released). `just_missed`: the
   // caller has just looked `key` up (e.g. one MultiGet for a query's
   // chunks) and did not find it, so the first lookup is skipped (the
   // compute leader still re-checks the local tiers, never the cluster).
@@ -326,8 +382,24 @@ class ChunkStore {
       const std::function<absl::StatusOr<std::string>()>& compute,
       bool just_missed = false);
 
-  // Removes `key` from disk and RAM. Returns true if it was present.
+  // Removes `key` from disk and RAM, and cancels its queued local fill.
+  // Returns true if it was present (on disk or queued). The shared tier's
+  // copy stays (and may be fetched again).
   absl::StatusOr<bool> Delete(const ChunkKey& key);
+
+  // How far the shared-tier copy of `key` got (kNotConfigured when off).
+  RemoteWriteState RemoteState(const ChunkKey& key) const;
+
+  // Waits up to `timeout` for the write-behind queue to empty (every write
+  // done or given up); what is left then is abandoned -- counted as failed,
+  // RemoteState kFailed -- and returned, oldest first, for the caller to
+  // log. The local copies are untouched. Empty when off or drained. Meant
+  // for a graceful shutdown, after the last Put; later Puts queue again.
+  std::vector<UnwrittenRecord> DrainRemoteWrites(std::chrono::milliseconds timeout);
+
+  // Waits up to `timeout` until every queued local fill has been written;
+  // true if so. For tests and benchmarks that need the fill on disk.
+  bool WaitForLocalFills(std::chrono::milliseconds timeout);
 
   StoreStats Stats() const;
   // Live counters for the metrics exporter. Valid for the store's lifetime.
@@ -343,6 +415,9 @@ class ChunkStore {
   rocksdb::DB* db_for_testing() const;
   rocksdb::ColumnFamilyHandle* data_cf_for_testing() const;
   void ClearRamTierForTesting();
+  // Holds the local-fill thread (true) so tests can fill its queue
+  // deterministically; false lets it run again.
+  void PauseLocalFillsForTesting(bool paused);
   // The shared tier's client; null when off.
   RedisCluster* remote_cluster() const;
   // The cluster key of `key` (prefix + raw key bytes).

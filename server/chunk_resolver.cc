@@ -89,6 +89,9 @@ absl::StatusOr<IngestOutcome> ChunkResolver::Ingest(const std::vector<int32_t>& 
   if (!got.ok()) return got.status();
   if (got->status == store::GetStatus::kFound) {
     out.already_present = true;
+    // Just fetched from the cluster: it is there.
+    out.remote_state = got->from_remote ? store::RemoteWriteState::kWritten
+                                        : store_->RemoteState(key);
     return out;
   }
   absl::StatusOr<ChunkKv> kv = PrefillChunk(*model_, ids, mode);
@@ -98,6 +101,7 @@ absl::StatusOr<IngestOutcome> ChunkResolver::Ingest(const std::vector<int32_t>& 
   absl::StatusOr<store::PutResult> put = store_->Put(key, *std::move(record));
   if (!put.ok()) return put.status();
   out.already_present = *put == store::PutResult::kAlreadyPresent;
+  out.remote_state = store_->RemoteState(key);
   return out;
 }
 

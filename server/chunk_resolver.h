@@ -24,6 +24,7 @@ struct ChunkKv;
 enum class PrefixMode : uint8_t;
 namespace store {
 class ChunkStore;
+enum class RemoteWriteState : uint8_t;
 }
 }  // namespace infoflow
 
@@ -59,6 +60,9 @@ struct IngestOutcome {
   std::string key_hex;
   int64_t n_tokens = 0;
   bool already_present = false;
+  // How far the chunk's shared-tier copy got when Ingest returned (the
+  // cluster write is behind the local one: usually kPending).
+  store::RemoteWriteState remote_state{};
 };
 
 struct ResolvedChunks {

@@ -227,9 +227,31 @@ class LiveCollector : public prometheus::Collectable {
     family("infoflow_remote_bytes_total", "Record bytes moved to/from the shared tier.",
            T::Counter, "direction",
            {{"read", load(c_->remote_bytes_read)}, {"written", load(c_->remote_bytes_written)}});
-    family("infoflow_remote_writes_total", "Write-throughs to the shared tier by result.",
+    family("infoflow_remote_writes_total",
+           "Write-behind records by outcome: ok (in the cluster), failed (given up after "
+           "retries, or not written by shutdown), dropped (refused: the queue was full).",
            T::Counter, "result",
-           {{"ok", load(c_->remote_writes)}, {"error", load(c_->remote_write_errors)}});
+           {{"ok", load(c_->remote_writes)},
+            {"failed", load(c_->remote_write_failed)},
+            {"dropped", load(c_->remote_write_dropped)}});
+    family("infoflow_remote_write_errors_total",
+           "Failed cluster SET attempts of the write-behind (each retry counts).", T::Counter, "",
+           {{"", load(c_->remote_write_errors)}});
+    family("infoflow_remote_pending_bytes",
+           "Record bytes queued for the cluster (write-behind backlog, retries included).",
+           T::Gauge, "", {{"", load(c_->remote_pending_bytes)}});
+    family("infoflow_remote_pending_writes", "Records queued for the cluster.", T::Gauge, "",
+           {{"", load(c_->remote_pending_writes)}});
+    family("infoflow_remote_fills_total",
+           "Records fetched from the cluster and then written to local disk in the background.",
+           T::Counter, "", {{"", load(c_->remote_fills)}});
+    family("infoflow_remote_fill_dropped_total",
+           "Fetched records not written to local disk because the fill queue was full (still "
+           "served, and kept in the RAM tier while they fit).",
+           T::Counter, "", {{"", load(c_->remote_fill_dropped)}});
+    family("infoflow_remote_fill_queue_bytes",
+           "Record bytes of fetched records waiting for their local write.", T::Gauge, "",
+           {{"", load(c_->remote_fill_queue_bytes)}});
     family("infoflow_remote_redirects_total", "Cluster redirects the client followed.", T::Counter,
            "type", {{"moved", load(c_->redis.moved)}, {"ask", load(c_->redis.ask)}});
     family("infoflow_remote_slot_map_refreshes_total", "CLUSTER SLOTS reloads.", T::Counter, "",

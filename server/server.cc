@@ -116,6 +116,10 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
     so.remote.key_prefix = options.remote_key_prefix;
     so.remote.ttl_seconds = options.remote_ttl_s;
     so.remote.model_fingerprint = s->model->fingerprint();
+    so.remote.fill_queue_bytes = options.remote_fill_queue_bytes;
+    so.remote.write_queue_bytes = options.remote_write_queue_bytes;
+    so.remote.write_max_attempts = options.remote_write_attempts;
+    so.remote.write_give_up_after = std::chrono::seconds(options.remote_write_give_up_s);
     if (!options.remote_auth_file.empty()) {
       absl::StatusOr<std::string> auth = ReadFile(options.remote_auth_file, "--remote-auth-file");
       if (!auth.ok()) return auth.status();
@@ -299,7 +303,35 @@ void InfoflowServer::Shutdown(std::chrono::milliseconds grace) {
     if (auto* health = s_->server->GetHealthCheckService()) health->Shutdown();
     s_->server->Shutdown(std::chrono::system_clock::now() + grace);
     if (s_->http) s_->http->FinishShutdown(deadline);
+    // No call is left to Put: hand the shared tier what it is still owed.
+    DrainRemoteWrites();
   });
+}
+
+void InfoflowServer::DrainRemoteWrites() {
+  if (s_->store->remote_cluster() == nullptr) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  const store::StoreCounters& c = s_->store->counters();
+  const uint64_t pending = c.remote_pending_writes.load();
+  const uint64_t written_before = c.remote_writes.load();
+  const std::vector<store::UnwrittenRecord> left = s_->store->DrainRemoteWrites(
+      std::chrono::milliseconds(s_->options.remote_drain_timeout_ms));
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  uint64_t bytes = 0;
+  for (const store::UnwrittenRecord& r : left) {
+    bytes += r.bytes;
+    std::fprintf(stderr, "event=remote_write_unwritten key=%s bytes=%llu\n", r.key.Hex().c_str(),
+                 static_cast<unsigned long long>(r.bytes));
+  }
+  std::fprintf(stderr,
+               "event=remote_write_drain pending=%llu written=%llu unwritten=%zu "
+               "unwritten_bytes=%llu ms=%.0f timeout_ms=%d%s\n",
+               static_cast<unsigned long long>(pending),
+               static_cast<unsigned long long>(c.remote_writes.load() - written_before),
+               left.size(), static_cast<unsigned long long>(bytes), ms,
+               s_->options.remote_drain_timeout_ms,
+               left.empty() ? "" : " (not in the shared tier; the local copies are intact)");
 }
 
 void InfoflowServer::Wait() { s_->server->Wait(); }

@@ -32,7 +32,9 @@ class InfoflowServer {
   const std::string& model_dir() const;
 
   // Stops accepting calls, lets running ones finish for up to `grace`, then
-  // cancels the rest. Idempotent.
+  // cancels the rest; then waits up to --remote-drain-timeout-ms for the
+  // shared tier's write-behind and logs each record it could not write.
+  // Idempotent.
   void Shutdown(std::chrono::milliseconds grace);
   // Blocks until Shutdown has completed.
   void Wait();
@@ -40,6 +42,7 @@ class InfoflowServer {
  private:
   struct State;
   explicit InfoflowServer(std::unique_ptr<State> state);
+  void DrainRemoteWrites();
   std::unique_ptr<State> s_;
 };
 

@@ -70,8 +70,9 @@ const char kServerUsage[] =
     "                          to the OS too (default 300; 0 = never)\n"
     "  --remote-redis H:P[,H:P...]\n"
     "                          shared chunk-KV tier: seed nodes of a Redis Cluster that every\n"
-    "                          replica reads (after RAM and disk miss) and writes through to\n"
-    "                          (default '' = off). Cluster faults are misses, never errors\n"
+    "                          replica reads (after RAM and disk miss) and writes behind its\n"
+    "                          local store (default '' = off). Cluster faults are misses,\n"
+    "                          never errors; neither direction is on a request's path\n"
     "  --remote-key-prefix S   key prefix in the cluster (default 'ifkv:'); the key is\n"
     "                          S + the chunk's 32 raw key bytes\n"
     "  --remote-timeout-ms N   connect and per-operation timeout (default 250); after 3\n"
@@ -89,6 +90,21 @@ const char kServerUsage[] =
     "                          tokenizer_config.json chat_template, else its model_type),\n"
     "                          qwen, llama3, mistral, glm4 or plain (default auto)\n"
     "  --http-max-body-bytes N larger HTTP request bodies are refused with 413 (default 16 MiB)\n"
+    "  --remote-fill-queue-bytes N\n"
+    "                          a chunk fetched from the cluster is served at once and written\n"
+    "                          to local disk by a background thread; at most N bytes wait\n"
+    "                          (default 256 MiB), past that the local copy is skipped\n"
+    "                          (infoflow_remote_fill_dropped_total)\n"
+    "  --remote-write-queue-bytes N\n"
+    "                          ingest stores locally and writes the cluster behind it; at most\n"
+    "                          N bytes wait (default 256 MiB), past that a write is refused\n"
+    "                          (infoflow_remote_writes_total{result=\"dropped\"}, reply FAILED)\n"
+    "  --remote-write-attempts N  tries per cluster write, with backoff 0.1 s doubling to 5 s\n"
+    "                          (default 10)\n"
+    "  --remote-write-give-up-s N  a cluster write still failing N s after its first try is\n"
+    "                          given up and logged (default 60)\n"
+    "  --remote-drain-timeout-ms N  on shutdown, wait up to N ms for pending cluster writes\n"
+    "                          (default 5000), then log each one not written\n"
     "  --config FILE           key=value lines with the flag names above\n";
 
 namespace {
@@ -168,6 +184,11 @@ absl::Status Apply(ServerOptions* o, const std::string& name, const std::string&
     o->http_chat_format = value;
   }
   else if (name == "http-max-body-bytes") return num(&o->http_max_body_bytes, 1024);
+  else if (name == "remote-fill-queue-bytes") return num(&o->remote_fill_queue_bytes, 0);
+  else if (name == "remote-write-queue-bytes") return num(&o->remote_write_queue_bytes, 0);
+  else if (name == "remote-write-attempts") return num(&o->remote_write_attempts, 1);
+  else if (name == "remote-write-give-up-s") return num(&o->remote_write_give_up_s, 0);
+  else if (name == "remote-drain-timeout-ms") return num(&o->remote_drain_timeout_ms, 0);
   else if (name == "min-free-disk-bytes") return num(&o->min_free_disk_bytes, 0);
   else if (name == "max-prompt-tokens") return num(&o->max_prompt_tokens, 1);
   else if (name == "max-prefix-tokens") return num(&o->max_prefix_tokens, 1);

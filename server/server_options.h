@@ -90,6 +90,18 @@ struct ServerOptions {
   // chat_template, else model_type) or qwen | llama3 | mistral | plain.
   std::string http_chat_format = "auto";
   uint64_t http_max_body_bytes = uint64_t{16} << 20;  // larger: 413
+  // Records fetched from the cluster wait for their local write in a queue
+  // of at most this many bytes; past it the fill is dropped (counted).
+  uint64_t remote_fill_queue_bytes = uint64_t{256} << 20;
+  // Write-behind to the cluster: queue bound in bytes (past it a write is
+  // refused, counted, and the ingest reply says FAILED), tries per record,
+  // and how long after its first try a record is given up.
+  uint64_t remote_write_queue_bytes = uint64_t{256} << 20;
+  int remote_write_attempts = 10;
+  int remote_write_give_up_s = 60;
+  // Graceful shutdown waits this long for the write-behind queue to empty,
+  // then logs each record it could not write (event=remote_write_unwritten).
+  int remote_drain_timeout_ms = 5000;
 };
 
 // Parses `argv` (argv[0] is the program). `--config FILE` reads key=value

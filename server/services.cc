@@ -104,6 +104,17 @@ v1::Method FromMethod(Method m) {
   return v1::METHOD_UNSPECIFIED;
 }
 
+v1::RemoteState ToRemoteState(store::RemoteWriteState s) {
+  switch (s) {
+    case store::RemoteWriteState::kNotConfigured: return v1::REMOTE_STATE_NOT_CONFIGURED;
+    case store::RemoteWriteState::kUnknown: return v1::REMOTE_STATE_UNSPECIFIED;
+    case store::RemoteWriteState::kPending: return v1::REMOTE_STATE_PENDING;
+    case store::RemoteWriteState::kWritten: return v1::REMOTE_STATE_WRITTEN;
+    case store::RemoteWriteState::kFailed: return v1::REMOTE_STATE_FAILED;
+  }
+  return v1::REMOTE_STATE_UNSPECIFIED;
+}
+
 void LogLine(const std::string& line) {
   std::fprintf(stderr, "%s\n", line.c_str());
 }
@@ -299,6 +310,7 @@ grpc::Status IngestService::DoIngest(grpc::ServerContext* ctx, const v1::IngestR
           r->set_n_tokens(static_cast<int32_t>(out->n_tokens));
           r->set_status(out->already_present ? v1::CHUNK_STATUS_ALREADY_PRESENT
                                              : v1::CHUNK_STATUS_STORED);
+          r->set_remote_state(ToRemoteState(out->remote_state));
           if (!out->already_present && d_->metrics) d_->metrics->AddIngestTokens(out->n_tokens);
         }
         return absl::OkStatus();
@@ -516,6 +528,12 @@ grpc::Status AdminService::Stats(grpc::ServerContext* ctx, const v1::StatsReques
   resp->set_remote_errors(st.remote_errors);
   resp->set_remote_bytes_read(st.remote_bytes_read);
   resp->set_remote_bytes_written(st.remote_bytes_written);
+  resp->set_remote_pending_writes(st.remote_pending_writes);
+  resp->set_remote_pending_bytes(st.remote_pending_bytes);
+  resp->set_remote_writes(st.remote_writes);
+  resp->set_remote_write_failed(st.remote_write_failed);
+  resp->set_remote_write_dropped(st.remote_write_dropped);
+  resp->set_remote_fill_dropped(st.remote_fill_dropped);
   return grpc::Status::OK;
 }
 

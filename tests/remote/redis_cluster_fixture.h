@@ -270,6 +270,18 @@ class RedisClusterProcess {
     waitpid(nodes_[i].pid, &st, 0);
     nodes_[i].pid = -1;
   }
+  // SIGSTOP / SIGCONT every node: the cluster stops answering (connections
+  // are still accepted by the kernel, so commands time out), then resumes.
+  void PauseAll() {
+    for (const Node& node : nodes_) {
+      if (node.pid > 0) kill(node.pid, SIGSTOP);
+    }
+  }
+  void ResumeAll() {
+    for (const Node& node : nodes_) {
+      if (node.pid > 0) kill(node.pid, SIGCONT);
+    }
+  }
   void Stop() {
     for (size_t i = 0; i < nodes_.size(); ++i) Kill(i);
     nodes_.clear();

@@ -379,6 +379,7 @@ TEST(SharedTierTest, ReplicaBReadsWhatReplicaAWrote) {
     keys.push_back(recs.back().key);
     ASSERT_EQ(*(*a)->Put(recs.back().key, recs.back().bytes), PutResult::kStored);
   }
+  EXPECT_TRUE((*a)->DrainRemoteWrites(std::chrono::seconds(20)).empty());
   EXPECT_EQ((*a)->counters().remote_writes.load(), 12u);
   auto got = (*b)->MultiGet(keys);
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -389,8 +390,10 @@ TEST(SharedTierTest, ReplicaBReadsWhatReplicaAWrote) {
   }
   EXPECT_EQ((*b)->counters().remote_hits.load(), 12u);
   EXPECT_EQ((*b)->counters().misses.load(), 0u);
-  // Filled locally: the next read is local (disk after the RAM tier is
-  // dropped), with no trip to the cluster.
+  // Filled locally (in the background): the next read is local (disk after
+  // the RAM tier is dropped), with no trip to the cluster.
+  ASSERT_TRUE((*b)->WaitForLocalFills(std::chrono::seconds(20)));
+  EXPECT_EQ((*b)->counters().remote_fills.load(), 12u);
   (*b)->ClearRamTierForTesting();
   auto again = (*b)->Get(keys[0]);
   ASSERT_EQ(again->status, GetStatus::kFound);
@@ -412,6 +415,7 @@ TEST(SharedTierTest, CorruptAndForeignValuesAreMissesAndGetOverwritten) {
   RedisCluster* cl = (*a)->remote_cluster();
   const auto rec = MakeRecord(7);
   ASSERT_EQ(*(*a)->Put(rec.key, rec.bytes), PutResult::kStored);
+  ASSERT_TRUE((*a)->DrainRemoteWrites(std::chrono::seconds(20)).empty());
   // Flip one payload byte in the cluster.
   std::string bad = rec.bytes;
   bad[bad.size() - 5] ^= 0x20;
@@ -424,6 +428,7 @@ TEST(SharedTierTest, CorruptAndForeignValuesAreMissesAndGetOverwritten) {
   auto fixed = (*b)->GetOrCompute(rec.key, [&] { return absl::StatusOr<std::string>(rec.bytes); });
   ASSERT_TRUE(fixed.ok());
   EXPECT_TRUE(fixed->computed);
+  ASSERT_TRUE((*b)->DrainRemoteWrites(std::chrono::seconds(20)).empty());
   auto now_there = cl->Get((*a)->RemoteKey(rec.key));
   ASSERT_TRUE(now_there.ok() && now_there->has_value());
   EXPECT_EQ(**now_there, rec.bytes);
@@ -460,8 +465,16 @@ TEST(SharedTierTest, DeadClusterIsAMissAndWritesDoNotFail) {
   auto put = (*s)->Put(rec.key, rec.bytes);
   ASSERT_TRUE(put.ok()) << put.status();
   EXPECT_EQ(*put, PutResult::kStored);
-  EXPECT_EQ((*s)->counters().remote_write_errors.load(), 1u);
   EXPECT_EQ((*s)->Get(rec.key)->status, GetStatus::kFound);
+  // The write-behind retries (10 tries over > 20 s by default); a drain
+  // that gives up reports the record and counts it failed.
+  const std::vector<UnwrittenRecord> left = (*s)->DrainRemoteWrites(std::chrono::milliseconds(300));
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_EQ(left[0].key, rec.key);
+  EXPECT_EQ(left[0].bytes, rec.bytes.size());
+  EXPECT_EQ((*s)->counters().remote_write_failed.load(), 1u);
+  EXPECT_EQ((*s)->RemoteState(rec.key), RemoteWriteState::kFailed);
+  EXPECT_EQ((*s)->counters().remote_pending_writes.load(), 0u);
   const auto t0 = Clock::now();
   for (int i = 0; i < 20; ++i) {
     EXPECT_EQ((*s)->Get(MakeRecord(100 + i).key)->status, GetStatus::kNotFound);
@@ -469,6 +482,255 @@ TEST(SharedTierTest, DeadClusterIsAMissAndWritesDoNotFail) {
   EXPECT_LT(MsSince(t0), 1000);
   EXPECT_EQ((*s)->counters().redis.breaker_state.load(), 1);
   EXPECT_GT((*s)->counters().remote_errors_circuit_open.load(), 0u);
+}
+
+// ---- The shared tier off the query and ingest paths ----
+
+// Polls `f` for up to `seconds`: a bound on waiting, never a pass/fail time.
+template <typename F>
+bool Eventually(F f, int seconds = 30) {
+  return RedisClusterProcess::WaitFor(f, seconds);
+}
+
+TEST(SharedTierAsyncTest, LocalFillIsQueuedDroppedWhenFullAndNeverBlocksTheRead) {
+  TempDir da, db;
+  auto a = ChunkStore::Open(RemoteStoreOptions(da.path(), "fq:"));
+  ASSERT_TRUE(a.ok());
+  std::vector<testing::TestRecord> recs;
+  std::vector<ChunkKey> keys;
+  for (int i = 0; i < 4; ++i) {
+    recs.push_back(MakeRecord(3000 + i));
+    keys.push_back(recs.back().key);
+    ASSERT_EQ(*(*a)->Put(recs.back().key, recs.back().bytes), PutResult::kStored);
+  }
+  ASSERT_TRUE((*a)->DrainRemoteWrites(std::chrono::seconds(20)).empty());
+  const uint64_t size = recs[0].bytes.size();
+  ChunkStoreOptions ob = RemoteStoreOptions(db.path(), "fq:");
+  ob.remote.fill_queue_bytes = 2 * size + size / 2;  // room for two records
+  auto b = ChunkStore::Open(ob);
+  ASSERT_TRUE(b.ok());
+  // The fill thread held: if the read waited for its local fill, it would
+  // never return.
+  (*b)->PauseLocalFillsForTesting(true);
+  auto got = (*b)->MultiGet(keys);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(got[i].ok());
+    ASSERT_EQ(got[i]->status, GetStatus::kFound) << i;
+    EXPECT_TRUE(got[i]->from_remote);
+    EXPECT_EQ(got[i]->value->bytes(), recs[i].bytes);
+  }
+  const StoreCounters& c = (*b)->counters();
+  EXPECT_EQ(c.remote_hits.load(), 4u);
+  EXPECT_EQ(c.remote_fill_dropped.load(), 2u) << "two fit, two are dropped";
+  EXPECT_EQ(c.remote_fill_queue_bytes.load(), 2 * size);
+  EXPECT_EQ(c.records.load(), 0u) << "nothing written locally on the read's path";
+  EXPECT_EQ((*b)->Stats().remote_fill_dropped, 2u);
+  // Meanwhile every record is served from RAM, pending fill or dropped.
+  auto again = (*b)->MultiGet(keys);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_EQ(again[i]->status, GetStatus::kFound);
+    EXPECT_TRUE(again[i]->from_ram) << i;
+  }
+  EXPECT_EQ(c.remote_hits.load(), 4u);
+
+  (*b)->PauseLocalFillsForTesting(false);
+  ASSERT_TRUE((*b)->WaitForLocalFills(std::chrono::seconds(20)));
+  EXPECT_EQ(c.remote_fills.load(), 2u);
+  EXPECT_EQ(c.records.load(), 2u);
+  EXPECT_EQ(c.remote_fill_queue_bytes.load(), 0u);
+  EXPECT_EQ(c.remote_writes.load(), 0u) << "a fetched record is not written back";
+  // From disk: the two that were filled; from the cluster again: the two
+  // that were dropped (and are now queued for their fill).
+  (*b)->ClearRamTierForTesting();
+  auto later = (*b)->MultiGet(keys);
+  int from_disk = 0, from_remote = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_EQ(later[i]->status, GetStatus::kFound);
+    from_remote += later[i]->from_remote;
+    from_disk += !later[i]->from_remote && !later[i]->from_ram;
+  }
+  EXPECT_EQ(from_disk, 2);
+  EXPECT_EQ(from_remote, 2);
+  EXPECT_EQ(c.disk_hits.load(), 2u);
+  ASSERT_TRUE((*b)->WaitForLocalFills(std::chrono::seconds(20)));
+  EXPECT_EQ(c.records.load(), 4u);
+}
+
+TEST(SharedTierAsyncTest, DeleteCancelsAQueuedFill) {
+  TempDir da, db;
+  auto a = ChunkStore::Open(RemoteStoreOptions(da.path(), "fd:"));
+  auto b = ChunkStore::Open(RemoteStoreOptions(db.path(), "fd:"));
+  ASSERT_TRUE(a.ok() && b.ok());
+  const auto rec = MakeRecord(3100);
+  ASSERT_EQ(*(*a)->Put(rec.key, rec.bytes), PutResult::kStored);
+  ASSERT_TRUE((*a)->DrainRemoteWrites(std::chrono::seconds(20)).empty());
+  (*b)->PauseLocalFillsForTesting(true);
+  ASSERT_TRUE((*b)->Get(rec.key)->from_remote);
+  EXPECT_TRUE(*(*b)->Delete(rec.key)) << "a queued fill counts as present";
+  (*b)->PauseLocalFillsForTesting(false);
+  ASSERT_TRUE((*b)->WaitForLocalFills(std::chrono::seconds(20)));
+  EXPECT_EQ((*b)->counters().remote_fills.load(), 0u);
+  EXPECT_EQ((*b)->counters().records.load(), 0u) << "the fill did not bring it back";
+}
+
+TEST(SharedTierAsyncTest, WriteBehindReturnsAtOnceAndDrainsToTheCluster) {
+  TempDir da, db;
+  auto a = ChunkStore::Open(RemoteStoreOptions(da.path(), "wb:"));
+  auto b = ChunkStore::Open(RemoteStoreOptions(db.path(), "wb:"));
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<testing::TestRecord> recs;
+  std::vector<ChunkKey> keys;
+  uint64_t bytes = 0;
+  for (int i = 0; i < 8; ++i) {
+    recs.push_back(MakeRecord(3200 + i));
+    keys.push_back(recs.back().key);
+    bytes += recs.back().bytes.size();
+    ASSERT_EQ(*(*a)->Put(recs.back().key, recs.back().bytes), PutResult::kStored);
+    const RemoteWriteState st = (*a)->RemoteState(keys.back());
+    EXPECT_TRUE(st == RemoteWriteState::kPending || st == RemoteWriteState::kWritten);
+  }
+  ASSERT_TRUE((*a)->DrainRemoteWrites(std::chrono::seconds(20)).empty());
+  const StoreCounters& c = (*a)->counters();
+  EXPECT_EQ(c.remote_writes.load(), 8u);
+  EXPECT_EQ(c.remote_bytes_written.load(), bytes);
+  EXPECT_EQ(c.remote_pending_bytes.load(), 0u);
+  EXPECT_EQ(c.remote_pending_writes.load(), 0u);
+  EXPECT_EQ(c.remote_write_failed.load() + c.remote_write_dropped.load(), 0u);
+  for (const ChunkKey& k : keys) EXPECT_EQ((*a)->RemoteState(k), RemoteWriteState::kWritten);
+  auto got = (*b)->MultiGet(keys);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_EQ(got[i]->status, GetStatus::kFound) << i;
+    EXPECT_TRUE(got[i]->from_remote);
+  }
+  // A record computed on the fly goes the same way.
+  const auto computed = MakeRecord(3300);
+  auto r = (*b)->GetOrCompute(computed.key,
+                              [&] { return absl::StatusOr<std::string>(computed.bytes); });
+  ASSERT_TRUE(r.ok() && r->computed);
+  ASSERT_TRUE((*b)->DrainRemoteWrites(std::chrono::seconds(20)).empty());
+  EXPECT_EQ((*b)->RemoteState(computed.key), RemoteWriteState::kWritten);
+  auto on_a = (*a)->Get(computed.key);
+  ASSERT_EQ(on_a->status, GetStatus::kFound);
+  EXPECT_TRUE(on_a->from_remote);
+  // Off: no state to report.
+  TempDir dl;
+  ChunkStoreOptions local;
+  local.path = dl.path();
+  auto l = ChunkStore::Open(local);
+  EXPECT_EQ((*l)->RemoteState(computed.key), RemoteWriteState::kNotConfigured);
+  EXPECT_TRUE((*l)->DrainRemoteWrites(std::chrono::seconds(1)).empty());
+}
+
+TEST(SharedTierAsyncTest, WriteBehindQueueFullRefusesAndCounts) {
+  RedisClusterProcess cluster("wb_full");
+  std::string error;
+  ASSERT_TRUE(cluster.Start(3, 0, &error)) << error;
+  TempDir d;
+  ChunkStoreOptions o = RemoteStoreOptions(d.path(), "wf:");
+  o.remote.cluster.seeds = cluster.Seeds();
+  o.remote.cluster.timeout = std::chrono::milliseconds(100);
+  const auto first = MakeRecord(3400);
+  o.remote.write_queue_bytes = first.bytes.size() * 3;
+  auto s = ChunkStore::Open(o);
+  ASSERT_TRUE(s.ok());
+  cluster.PauseAll();  // nothing leaves the queue
+  for (int i = 0; i < 5; ++i) {
+    const auto rec = MakeRecord(3400 + i);
+    ASSERT_EQ(*(*s)->Put(rec.key, rec.bytes), PutResult::kStored);
+    EXPECT_EQ((*s)->RemoteState(rec.key),
+              i < 3 ? RemoteWriteState::kPending : RemoteWriteState::kFailed) << i;
+  }
+  EXPECT_EQ((*s)->counters().remote_write_dropped.load(), 2u);
+  EXPECT_EQ((*s)->counters().remote_pending_writes.load(), 3u);
+  cluster.ResumeAll();
+  ASSERT_TRUE(Eventually([&] { return (*s)->counters().remote_pending_writes.load() == 0; }));
+  EXPECT_EQ((*s)->counters().remote_writes.load(), 3u);
+}
+
+TEST(SharedTierAsyncTest, SigstoppedClusterBacklogsThenDrainsAfterSigcont) {
+  RedisClusterProcess cluster("wb_stop");
+  std::string error;
+  ASSERT_TRUE(cluster.Start(3, 0, &error)) << error;
+  TempDir d;
+  ChunkStoreOptions o = RemoteStoreOptions(d.path(), "ws:");
+  o.remote.cluster.seeds = cluster.Seeds();
+  o.remote.cluster.timeout = std::chrono::milliseconds(100);
+  auto s = ChunkStore::Open(o);
+  ASSERT_TRUE(s.ok());
+  cluster.PauseAll();
+  std::vector<testing::TestRecord> recs;
+  uint64_t bytes = 0;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 5; ++i) {
+    recs.push_back(MakeRecord(3500 + i));
+    bytes += recs.back().bytes.size();
+    auto put = (*s)->Put(recs.back().key, recs.back().bytes);
+    ASSERT_TRUE(put.ok()) << put.status();
+    EXPECT_EQ(*put, PutResult::kStored);
+  }
+  std::printf("5 puts with the cluster SIGSTOPped: %.1f ms\n", MsSince(t0));
+  const StoreCounters& c = (*s)->counters();
+  for (const auto& r : recs) {
+    auto g = (*s)->Get(r.key);
+    ASSERT_EQ(g->status, GetStatus::kFound) << "the local copy is authoritative";
+    EXPECT_FALSE(g->from_remote);
+    EXPECT_EQ((*s)->RemoteState(r.key), RemoteWriteState::kPending);
+  }
+  EXPECT_EQ(c.remote_pending_writes.load(), 5u);
+  EXPECT_EQ(c.remote_pending_bytes.load(), bytes);
+  EXPECT_EQ(c.remote_writes.load(), 0u);
+  // Some attempt has failed (timed out or the breaker refused) by the time
+  // a fresh lookup has found the cluster silent too.
+  EXPECT_EQ((*s)->Get(MakeRecord(3599).key)->status, GetStatus::kNotFound);
+  ASSERT_TRUE(Eventually([&] { return c.remote_write_errors.load() > 0; }));
+
+  cluster.ResumeAll();
+  ASSERT_TRUE(Eventually([&] { return c.remote_pending_writes.load() == 0; }))
+      << "pending " << c.remote_pending_writes.load();
+  EXPECT_EQ(c.remote_writes.load(), 5u);
+  EXPECT_EQ(c.remote_write_failed.load(), 0u);
+  EXPECT_EQ(c.remote_pending_bytes.load(), 0u);
+  auto reader = Connect(cluster.Seeds());
+  for (const auto& r : recs) {
+    auto g = reader->Get((*s)->RemoteKey(r.key));
+    ASSERT_TRUE(g.ok() && g->has_value()) << g.status();
+    EXPECT_EQ(**g, r.bytes);
+  }
+}
+
+TEST(SharedTierAsyncTest, DrainWithTheClusterDownReturnsWhatWasNotWritten) {
+  RedisClusterProcess cluster("wb_drain");
+  std::string error;
+  ASSERT_TRUE(cluster.Start(3, 0, &error)) << error;
+  TempDir d;
+  ChunkStoreOptions o = RemoteStoreOptions(d.path(), "wd:");
+  o.remote.cluster.seeds = cluster.Seeds();
+  o.remote.cluster.timeout = std::chrono::milliseconds(100);
+  auto s = ChunkStore::Open(o);
+  ASSERT_TRUE(s.ok());
+  const auto written = MakeRecord(3600);
+  ASSERT_EQ(*(*s)->Put(written.key, written.bytes), PutResult::kStored);
+  ASSERT_TRUE((*s)->DrainRemoteWrites(std::chrono::seconds(20)).empty());
+  cluster.PauseAll();
+  std::vector<ChunkKey> stuck;
+  for (int i = 1; i <= 3; ++i) {
+    const auto rec = MakeRecord(3600 + i);
+    ASSERT_EQ(*(*s)->Put(rec.key, rec.bytes), PutResult::kStored);
+    stuck.push_back(rec.key);
+  }
+  const auto t0 = Clock::now();
+  const std::vector<UnwrittenRecord> left = (*s)->DrainRemoteWrites(std::chrono::milliseconds(500));
+  std::printf("drain with the cluster SIGSTOPped: %.0f ms (timeout 500)\n", MsSince(t0));
+  ASSERT_EQ(left.size(), 3u);
+  for (size_t i = 0; i < left.size(); ++i) EXPECT_EQ(left[i].key, stuck[i]) << "oldest first";
+  EXPECT_EQ((*s)->counters().remote_write_failed.load(), 3u);
+  EXPECT_EQ((*s)->counters().remote_pending_writes.load(), 0u);
+  EXPECT_EQ((*s)->RemoteState(written.key), RemoteWriteState::kWritten);
+  for (const ChunkKey& k : stuck) {
+    EXPECT_EQ((*s)->RemoteState(k), RemoteWriteState::kFailed);
+    EXPECT_EQ((*s)->Get(k)->status, GetStatus::kFound);
+  }
+  cluster.ResumeAll();
 }
 
 }  // namespace

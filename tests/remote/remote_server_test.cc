@@ -51,7 +51,8 @@ v1::QueryRequest QueryTexts(const std::vector<std::string>& texts, int new_token
   return req;
 }
 
-std::vector<std::string> Ingest(client::Client& c, const std::vector<std::string>& texts) {
+std::vector<std::string> Ingest(client::Client& c, const std::vector<std::string>& texts,
+                                std::vector<v1::RemoteState>* remote_states = nullptr) {
   v1::IngestRequest req;
   req.set_prefix_mode(v1::PREFIX_MODE_BOS);
   for (const std::string& t : texts) req.add_chunks()->set_text(t);
@@ -59,9 +60,24 @@ std::vector<std::string> Ingest(client::Client& c, const std::vector<std::string
   EXPECT_TRUE(resp.ok()) << resp.status();
   std::vector<std::string> keys;
   if (resp.ok()) {
-    for (const auto& r : resp->results()) keys.push_back(r.chunk_key());
+    for (const auto& r : resp->results()) {
+      keys.push_back(r.chunk_key());
+      if (remote_states) remote_states->push_back(r.remote_state());
+    }
   }
   return keys;
+}
+
+// Waits (bounded; never a pass/fail time) until `s`'s write-behind is idle
+// with at least `ok` records written to the cluster.
+bool WaitWritten(const ServerProcess& s, double ok, int seconds = 30) {
+  return RedisClusterProcess::WaitFor(
+      [&] {
+        const std::string m = s.Metrics();
+        return PromValue(m, "infoflow_remote_pending_writes") == 0 &&
+               PromValue(m, "infoflow_remote_writes_total{result=\"ok\"}") >= ok;
+      },
+      seconds);
 }
 
 std::vector<std::string> Texts(const std::string& tag, int n, int offset = 0) {
@@ -98,8 +114,21 @@ TEST(SharedTierServerTest, ReplicaBServesWhatReplicaAIngested) {
   EXPECT_NE(b.log().find("shared tier: redis cluster"), std::string::npos) << b.log();
   client::Client ca = MakeClient(a), cb = MakeClient(b);
   const std::vector<std::string> texts = Texts("two", 6);
-  const std::vector<std::string> keys = Ingest(ca, texts);
+  std::vector<v1::RemoteState> states;
+  const std::vector<std::string> keys = Ingest(ca, texts, &states);
   ASSERT_EQ(keys.size(), 6u);
+  // The ingest answered after the local write; the cluster is written
+  // behind it (usually still pending when the reply is sent).
+  for (v1::RemoteState st : states) {
+    EXPECT_TRUE(st == v1::REMOTE_STATE_PENDING || st == v1::REMOTE_STATE_WRITTEN) << st;
+  }
+  ASSERT_TRUE(WaitWritten(a, 6)) << a.Metrics();
+  EXPECT_EQ(PromValue(a.Metrics(), "infoflow_remote_pending_bytes"), 0);
+  // Present now, and known written.
+  std::vector<v1::RemoteState> again;
+  Ingest(ca, {texts[0]}, &again);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0], v1::REMOTE_STATE_WRITTEN);
 
   v1::QueryRequest by_key = QueryKeys(keys, v1::METHOD_INFOFLOW);
   by_key.set_max_new_tokens(8);
@@ -156,6 +185,7 @@ TEST(SharedTierServerTest, CorruptValueIsCountedReprefilledAndOverwritten) {
   const std::vector<std::string> texts = Texts("cor", 2);
   const std::vector<std::string> keys = Ingest(ca, texts);
   ASSERT_EQ(keys.size(), 2u);
+  ASSERT_TRUE(WaitWritten(a, 2));
 
   store::RedisClusterOptions o;
   o.seeds = cluster->Seeds();
@@ -176,6 +206,7 @@ TEST(SharedTierServerTest, CorruptValueIsCountedReprefilledAndOverwritten) {
   EXPECT_EQ(on_b->report.chunk_remote_hits(), 1);
   const std::string m = b.Metrics();
   EXPECT_EQ(PromValue(m, "infoflow_remote_errors_total{kind=\"corrupt\"}"), 1) << m;
+  ASSERT_TRUE(WaitWritten(b, 1)) << "B writes its prefill behind the query";
   // The cluster holds the good record again (B's prefill is bit-identical
   // to A's: same model, same ids, deterministic CPU kernels).
   auto now = (*rc)->Get(rk);
@@ -202,6 +233,7 @@ TEST(SharedTierServerTest, FailoverUnderLoadKeepsAnswersRight) {
   // Chunks B has never seen, so every query of the load reaches the cluster.
   const std::vector<std::string> texts = Texts("fo", 96);
   ASSERT_EQ(Ingest(ca, texts).size(), texts.size());
+  ASSERT_TRUE(WaitWritten(a, static_cast<double>(texts.size())));
   // Let the replicas catch up so the promoted one has the data.
   // (Best effort: a replica that lags only turns some hits into recomputes.)
   for (size_t i = 0; i < cluster.nodes().size(); ++i) {
@@ -273,6 +305,7 @@ TEST(SharedTierServerTest, FailoverUnderLoadKeepsAnswersRight) {
   const std::vector<std::string> after = Texts("after", 9);
   const std::vector<std::string> keys = Ingest(ca, after);
   ASSERT_EQ(keys.size(), after.size());
+  ASSERT_TRUE(WaitWritten(a, static_cast<double>(texts.size() + after.size()))) << a.Metrics();
   bool on_promoted = false;
   for (const std::string& k : keys) {
     on_promoted |= cluster.MasterPortForSlot(store::RedisCluster::KeySlot(RemoteKey("fo:", k))) !=
@@ -344,6 +377,7 @@ TEST(SharedTierServerTest, UnreachableClusterAddsBoundedTtft) {
   client::Client cs = MakeClient(s);
   const auto stored = Texts("dies", 3);
   ASSERT_EQ(Ingest(cs, stored).size(), 3u);
+  ASSERT_TRUE(WaitWritten(s, 3));
   EXPECT_EQ(PromValue(s.Metrics(), "infoflow_remote_writes_total{result=\"ok\"}"), 3);
   cluster.Stop();
   std::vector<double> after;
@@ -359,8 +393,164 @@ TEST(SharedTierServerTest, UnreachableClusterAddsBoundedTtft) {
   std::printf("TTFT after the cluster died mid-run: median %.1f ms, worst %.1f ms\n", Median(after),
               *std::max_element(after.begin(), after.end()));
   EXPECT_LT(*std::max_element(after.begin(), after.end()), Median(base) + 600);
-  EXPECT_GT(PromValue(s.Metrics(), "infoflow_remote_writes_total{result=\"error\"}"), 0);
+  // The new chunks' write-behind keeps failing (and retrying) meanwhile.
+  EXPECT_TRUE(RedisClusterProcess::WaitFor(
+      [&] { return PromValue(s.Metrics(), "infoflow_remote_write_errors_total") > 0; }, 30));
+  EXPECT_GT(PromValue(s.Metrics(), "infoflow_remote_pending_writes"), 0);
   EXPECT_TRUE(s.Healthy());
+}
+
+// ---- The shared tier off the query and ingest paths ----
+
+TEST(SharedTierServerTest, FullFillQueueDropsTheLocalCopyButAnswers) {
+  RedisClusterProcess* cluster = SharedCluster();
+  TempDir da("fill_a"), db("fill_b"), dc("fill_c");
+  ServerProcess a(ServerBin(), ModelDir(), da.path + "/kv", da.path + "/log",
+                  RemoteArgs(*cluster, "fill:"));
+  std::vector<std::string> tiny = RemoteArgs(*cluster, "fill:");
+  tiny.push_back("--remote-fill-queue-bytes=1");  // no record fits: every fill is dropped
+  ServerProcess b(ServerBin(), ModelDir(), db.path + "/kv", db.path + "/log", tiny);
+  ServerProcess c(ServerBin(), ModelDir(), dc.path + "/kv", dc.path + "/log",
+                  RemoteArgs(*cluster, "fill:"));
+  std::string error;
+  ASSERT_TRUE(a.Start(&error)) << error;
+  ASSERT_TRUE(b.Start(&error)) << error;
+  ASSERT_TRUE(c.Start(&error)) << error;
+  client::Client ca = MakeClient(a);
+  const std::vector<std::string> keys = Ingest(ca, Texts("fill", 4));
+  ASSERT_EQ(keys.size(), 4u);
+  ASSERT_TRUE(WaitWritten(a, 4));
+
+  client::Client cb = MakeClient(b);
+  absl::StatusOr<Answer> on_b = Ask(cb, QueryKeys(keys, v1::METHOD_NONE));
+  ASSERT_TRUE(on_b.ok()) << on_b.status();
+  EXPECT_EQ(on_b->report.chunk_remote_hits(), 4);
+  std::string m = b.Metrics();
+  EXPECT_EQ(PromValue(m, "infoflow_remote_fill_dropped_total"), 4) << m;
+  EXPECT_EQ(PromValue(m, "infoflow_remote_fills_total"), 0);
+  EXPECT_EQ(PromValue(m, "infoflow_remote_fill_queue_bytes"), 0);
+  EXPECT_EQ(cb.Stats()->remote_fill_dropped(), 4u);
+  // Still served (from RAM) while the cluster copy is there.
+  absl::StatusOr<Answer> again = Ask(cb, QueryKeys(keys, v1::METHOD_NONE));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->report.chunk_remote_hits(), 0);
+  EXPECT_EQ(again->ids, on_b->ids);
+
+  // With room in the queue the fill lands on disk behind the query: a
+  // restart without the shared tier serves the chunks locally.
+  client::Client cc = MakeClient(c);
+  absl::StatusOr<Answer> on_c = Ask(cc, QueryKeys(keys, v1::METHOD_NONE));
+  ASSERT_TRUE(on_c.ok()) << on_c.status();
+  EXPECT_EQ(on_c->report.chunk_remote_hits(), 4);
+  ASSERT_TRUE(RedisClusterProcess::WaitFor(
+      [&] { return PromValue(c.Metrics(), "infoflow_remote_fills_total") == 4; }, 30))
+      << c.Metrics();
+  EXPECT_EQ(PromValue(c.Metrics(), "infoflow_remote_fill_dropped_total"), 0);
+  EXPECT_EQ(c.Stop(), 0);
+  ServerProcess local(ServerBin(), ModelDir(), dc.path + "/kv", dc.path + "/log2",
+                      {"--store-sync=false", "--threads=1"});
+  ASSERT_TRUE(local.Start(&error)) << error;
+  client::Client cl = MakeClient(local);
+  absl::StatusOr<Answer> on_disk = Ask(cl, QueryKeys(keys, v1::METHOD_NONE));
+  ASSERT_TRUE(on_disk.ok()) << on_disk.status();
+  EXPECT_EQ(on_disk->report.chunk_hits(), 4);
+  EXPECT_EQ(on_disk->ids, on_b->ids);
+}
+
+TEST(SharedTierServerTest, SigstoppedClusterDuringWriteBehindThenDrains) {
+  RedisClusterProcess cluster("server_sigstop");
+  std::string error;
+  ASSERT_TRUE(cluster.Start(3, 0, &error)) << error;
+  TempDir da("stop_a"), db("stop_b");
+  std::vector<std::string> args = RemoteArgs(cluster, "stop:");
+  args.push_back("--remote-timeout-ms=100");
+  ServerProcess a(ServerBin(), ModelDir(), da.path + "/kv", da.path + "/log", args);
+  ServerProcess b(ServerBin(), ModelDir(), db.path + "/kv", db.path + "/log", args);
+  ASSERT_TRUE(a.Start(&error)) << error;
+  ASSERT_TRUE(b.Start(&error)) << error;
+  client::Client ca = MakeClient(a);
+
+  cluster.PauseAll();
+  std::vector<v1::RemoteState> states;
+  const std::vector<std::string> keys = Ingest(ca, Texts("stop", 3), &states);
+  ASSERT_EQ(keys.size(), 3u) << "ingest answers OK with the cluster stopped";
+  for (v1::RemoteState st : states) EXPECT_EQ(st, v1::REMOTE_STATE_PENDING);
+  absl::StatusOr<Answer> local = Ask(ca, QueryKeys(keys, v1::METHOD_NONE));
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ(local->report.chunk_hits(), 3);
+  EXPECT_EQ(local->report.chunk_remote_hits(), 0);
+  std::string m = a.Metrics();
+  EXPECT_EQ(PromValue(m, "infoflow_remote_pending_writes"), 3) << m;
+  EXPECT_GT(PromValue(m, "infoflow_remote_pending_bytes"), 0);
+  EXPECT_EQ(PromValue(m, "infoflow_remote_writes_total{result=\"ok\"}"), 0);
+  absl::StatusOr<v1::StatsResponse> st = ca.Stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->remote_pending_writes(), 3u);
+  EXPECT_GT(st->remote_pending_bytes(), 0u);
+
+  cluster.ResumeAll();
+  ASSERT_TRUE(WaitWritten(a, 3)) << a.Metrics();
+  m = a.Metrics();
+  EXPECT_EQ(PromValue(m, "infoflow_remote_pending_bytes"), 0);
+  EXPECT_EQ(PromValue(m, "infoflow_remote_writes_total{result=\"failed\"}"), 0);
+  client::Client cb = MakeClient(b);
+  absl::StatusOr<Answer> on_b = Ask(cb, QueryKeys(keys, v1::METHOD_NONE));
+  ASSERT_TRUE(on_b.ok()) << on_b.status();
+  EXPECT_EQ(on_b->report.chunk_remote_hits(), 3);
+  EXPECT_EQ(on_b->ids, local->ids);
+}
+
+TEST(SharedTierServerTest, ShutdownDrainsWithinItsDeadlineAndLogsWhatItCouldNotWrite) {
+  RedisClusterProcess cluster("server_drain");
+  std::string error;
+  ASSERT_TRUE(cluster.Start(3, 0, &error)) << error;
+  std::vector<std::string> args = RemoteArgs(cluster, "drain:");
+  args.push_back("--remote-timeout-ms=100");
+  args.push_back("--remote-drain-timeout-ms=300");
+
+  // Cluster up: shutdown right after an ingest writes everything first.
+  TempDir du("drain_up");
+  ServerProcess up(ServerBin(), ModelDir(), du.path + "/kv", du.path + "/log", args);
+  ASSERT_TRUE(up.Start(&error)) << error;
+  client::Client cu = MakeClient(up);
+  const std::vector<std::string> written = Ingest(cu, Texts("drain_up", 2));
+  ASSERT_EQ(written.size(), 2u);
+  EXPECT_EQ(up.Stop(), 0);
+  EXPECT_NE(up.log().find("event=remote_write_drain "), std::string::npos) << up.log();
+  EXPECT_NE(up.log().find(" unwritten=0 "), std::string::npos) << up.log();
+  store::RedisClusterOptions o;
+  o.seeds = cluster.Seeds();
+  auto rc = store::RedisCluster::Create(o);
+  ASSERT_TRUE(rc.ok());
+  for (const std::string& k : written) {
+    auto g = (*rc)->Get(RemoteKey("drain:", k));
+    ASSERT_TRUE(g.ok() && g->has_value()) << k;
+  }
+
+  // Cluster stopped: the drain gives up at its deadline and names each
+  // record it could not write; the local copies survive the restart.
+  TempDir dd("drain_down");
+  ServerProcess down(ServerBin(), ModelDir(), dd.path + "/kv", dd.path + "/log", args);
+  ASSERT_TRUE(down.Start(&error)) << error;
+  client::Client cd = MakeClient(down);
+  cluster.PauseAll();
+  const std::vector<std::string> stuck = Ingest(cd, Texts("drain_down", 2));
+  ASSERT_EQ(stuck.size(), 2u);
+  EXPECT_EQ(down.Stop(), 0);
+  cluster.ResumeAll();
+  const std::string log = down.log();
+  for (const std::string& k : stuck) {
+    EXPECT_NE(log.find("event=remote_write_unwritten key=" + k), std::string::npos) << log;
+  }
+  EXPECT_NE(log.find(" unwritten=2 "), std::string::npos) << log;
+  EXPECT_NE(log.find("timeout_ms=300"), std::string::npos) << log;
+  ServerProcess again(ServerBin(), ModelDir(), dd.path + "/kv", dd.path + "/log2",
+                      {"--store-sync=false", "--threads=1"});
+  ASSERT_TRUE(again.Start(&error)) << error;
+  client::Client ca = MakeClient(again);
+  absl::StatusOr<Answer> r = Ask(ca, QueryKeys(stuck, v1::METHOD_NONE));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->report.chunk_hits(), 2);
 }
 
 }  // namespace

@@ -591,9 +591,21 @@ TEST(ServerOptionsTest, SharedTierFlags) {
   EXPECT_EQ(on->remote_key_prefix, "kv:");
   EXPECT_EQ(on->remote_timeout_ms, 50);
   EXPECT_EQ(on->remote_ttl_s, 3600);
+  EXPECT_EQ(off->remote_fill_queue_bytes, uint64_t{256} << 20);
+  EXPECT_EQ(off->remote_drain_timeout_ms, 5000);
+  auto queues = parse({"--remote-fill-queue-bytes=1", "--remote-write-queue-bytes=2",
+                       "--remote-write-attempts=3", "--remote-write-give-up-s=4",
+                       "--remote-drain-timeout-ms=0"});
+  ASSERT_TRUE(queues.ok()) << queues.status();
+  EXPECT_EQ(queues->remote_fill_queue_bytes, 1u);
+  EXPECT_EQ(queues->remote_write_queue_bytes, 2u);
+  EXPECT_EQ(queues->remote_write_attempts, 3);
+  EXPECT_EQ(queues->remote_write_give_up_s, 4);
+  EXPECT_EQ(queues->remote_drain_timeout_ms, 0);
   for (auto [flag, value] : std::vector<std::pair<std::string, std::string>>{
            {"--remote-redis", "r1"}, {"--remote-redis", "r1:7000,:7001"},
            {"--remote-timeout-ms", "0"}, {"--remote-ttl-s", "-1"},
+           {"--remote-write-attempts", "0"}, {"--remote-fill-queue-bytes", "x"},
            {"--remote-key-prefix", std::string(300, 'p')}}) {
     auto bad = parse({flag, value});
     ASSERT_FALSE(bad.ok()) << flag << " " << value;
