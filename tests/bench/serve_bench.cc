@@ -37,6 +37,7 @@
 //               [--workers 16] [--max-batch-tokens N] [--server BIN]
 //               [--idle-wait-ms 1500] [--bound-tokens 128]
 //               [--bound-chunk-tokens 80] [--rss-queries 0] [--rss-context 8192]
+//               [--rss-idle-ms 2500]
 //               [--sections ttft,concurrency,interference,bound,rss]
 //               [--server-arg --FLAG=VALUE ...] [--methods FULL,NONE,...]
 //
@@ -261,7 +262,7 @@ int Main(int argc, char** argv) {
   bool ttft_section = true;
   int64_t max_batch_tokens = 0;  // 0: the server's default
   double seconds = 10;
-  int idle_wait_ms = 1500, bound_tokens = 128, rss_queries = 0;
+  int idle_wait_ms = 1500, bound_tokens = 128, rss_queries = 0, rss_idle_ms = 2500;
   int64_t bound_chunk_tokens = 80, rss_context = 8192;
   std::string sections = "ttft,concurrency,interference,bound,rss";
   std::vector<std::string> extra_server_args;  // --server-arg, repeatable
@@ -276,6 +277,7 @@ int Main(int argc, char** argv) {
                   "  [--max-batch-tokens N (passed to the server)] [--server BIN]\n"
                   "  [--idle-wait-ms 1500 (0 = no idle column)] [--bound-tokens 128]\n"
                   "  [--bound-chunk-tokens 80] [--rss-queries 0] [--rss-context 8192]\n"
+                  "  [--rss-idle-ms 2500 (idle time before the last RSS reading)]\n"
                   "  [--sections ttft,concurrency,interference,bound,rss (a subset)]\n"
                   "  [--server-arg --FLAG=V (repeatable; passed to the server)]\n"
                   "  [--methods FULL,NONE,INFOFLOW,... (TTFT rows by name or first word)]\n"
@@ -304,6 +306,7 @@ int Main(int argc, char** argv) {
     else if (f == "--bound-chunk-tokens") bound_chunk_tokens = std::max<int64_t>(8, std::atoll(v.c_str()));
     else if (f == "--rss-queries") rss_queries = std::max(0, std::atoi(v.c_str()));
     else if (f == "--rss-context") rss_context = std::atoll(v.c_str());
+    else if (f == "--rss-idle-ms") rss_idle_ms = std::max(0, std::atoi(v.c_str()));
     else if (f == "--sections") sections = v;
     else if (f == "--server-arg") extra_server_args.push_back(v);
     else if (f == "--methods") method_filter = v;
@@ -833,12 +836,15 @@ int Main(int argc, char** argv) {
       }
     }
     const double end = rss_mib();
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::max(idle_wait_ms, 1500) + 1000));
+    std::this_thread::sleep_for(std::chrono::milliseconds(rss_idle_ms));
     const double idle = rss_mib();
+    const double pool_cached =
+        testing::PromValue(srv.Metrics(), "infoflow_buffer_pool_bytes{state=\"cached\"}");
     std::printf("  RSS after %d warm-up queries %.0f MiB, max over the next %d %.0f MiB "
-                "(%+.1f%%), at the end %.0f MiB; after idle %.0f MiB (%.0f MiB given back)\n",
-                warm, after_warm, rss_queries, peak, 100.0 * (peak / after_warm - 1), end, idle,
-                end - idle);
+                "(%+.1f%%), at the end %.0f MiB; after %d ms idle %.0f MiB (%.0f MiB given back; "
+                "buffer pool still caching %.0f MiB)\n",
+                warm, after_warm, rss_queries, peak, 100.0 * (peak / after_warm - 1), end,
+                rss_idle_ms, idle, end - idle, pool_cached / (1 << 20));
     rcsv << "idle," << idle << "\n";
   }
 

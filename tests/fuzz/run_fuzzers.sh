@@ -4,23 +4,24 @@
 #
 #   tests/fuzz/run_fuzzers.sh BUILD_DIR SECONDS [TARGET...]
 #
-# TARGET defaults to: safetensors tokenizer record. New corpus entries go to
+# TARGET defaults to: safetensors tokenizer record openai_request. New corpus entries go to
 # BUILD_DIR/fuzz-corpus/<target>/ (the source corpus is never written), crash
 # reproducers to BUILD_DIR/fuzz-artifacts/<target>/, logs to
 # BUILD_DIR/fuzz-logs/<target>.log. Exit status 1 if any target found a
 # crash, leak, sanitizer report, timeout or OOM. Reproduce one with
 #   BUILD_DIR/tests/fuzz/<target>_fuzz   BUILD_DIR/fuzz-artifacts/<target>/crash-...
-# (record_fuzz lives in BUILD_DIR/cache_store/).
+# (record_fuzz lives in BUILD_DIR/cache_store/, openai_request_fuzz in
+# BUILD_DIR/server/).
 set -euo pipefail
 if [[ $# -lt 2 ]]; then
-  echo "usage: $0 BUILD_DIR SECONDS [safetensors|tokenizer|record ...]" >&2
+  echo "usage: $0 BUILD_DIR SECONDS [safetensors|tokenizer|record|openai_request ...]" >&2
   exit 2
 fi
 BUILD=$(realpath -m "$1")
 SECONDS_PER=$2
 shift 2
 TARGETS=("$@")
-[[ ${#TARGETS[@]} -gt 0 ]] || TARGETS=(safetensors tokenizer record)
+[[ ${#TARGETS[@]} -gt 0 ]] || TARGETS=(safetensors tokenizer record openai_request)
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 JOBS=${JOBS:-2}
 
@@ -34,6 +35,7 @@ status=0
 for t in "${TARGETS[@]}"; do
   bin=$BUILD/tests/fuzz/${t}_fuzz
   [[ $t == record ]] && bin=$BUILD/cache_store/record_fuzz
+  [[ $t == openai_request ]] && bin=$BUILD/server/openai_request_fuzz
   corpus=$BUILD/fuzz-corpus/$t
   art=$BUILD/fuzz-artifacts/$t
   log=$BUILD/fuzz-logs/$t.log
