@@ -1,0 +1,193 @@
+#include "engine/model/decode_attention.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace infoflow {
+namespace {
+
+// Eight floats as a GCC/Clang vector: one AVX register in the x86-64-v3
+// clone below, two SSE registers in the baseline one. These helpers are
+// inlined into the kernel, so GCC's note that passing F8 by value has
+// another ABI with and without AVX (-Wpsabi) concerns no real call.
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float F8 __attribute__((vector_size(32)));
+inline F8 Load8(const float* p) {
+  F8 r;
+  std::memcpy(&r, p, sizeof r);
+  return r;
+}
+inline void Store8(float* p, F8 x) { std::memcpy(p, &x, sizeof x); }
+inline float Sum8(F8 x) {
+  return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
+}
+
+// The build targets baseline x86-64 (SSE2); the kernel is also compiled for
+// x86-64-v3 (AVX2 + FMA) and picked at load time where the CPU has it.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define INFOFLOW_AVX2_CLONE __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define INFOFLOW_AVX2_CLONE
+#endif
+
+// One kv head and the `group` query heads that share it, for one query row.
+// q: group rows of hd floats, `q_head` apart; K/V rows `k_row` / `v_row`
+// apart; idx[0, m): the visible key rows; out: group rows `out_head` apart.
+// Scratch: qs [group * hd], s [group * m].
+INFOFLOW_AVX2_CLONE
+void AttendKvHead(const float* q, int64_t q_head, int64_t group, int64_t hd, float scale,
+                  const float* k, int64_t k_row, const float* v, int64_t v_row,
+                  const int64_t* idx, int64_t m, float* qs, float* s, float* out,
+                  int64_t out_head) {
+  if (m == 0) {  // nothing visible: softmax over an empty set, NaN like Model::Attention
+    for (int64_t h = 0; h < group; ++h) {
+      for (int64_t d = 0; d < hd; ++d) out[h * out_head + d] = std::numeric_limits<float>::quiet_NaN();
+    }
+    return;
+  }
+  // q * scale first, as Model::Attention does.
+  for (int64_t h = 0; h < group; ++h) {
+    for (int64_t d = 0; d < hd; ++d) qs[h * hd + d] = q[h * q_head + d] * scale;
+  }
+  // Scores s[h][t] = qs_h . k_idx[t], four keys at a time (four sums in flight).
+  int64_t t = 0;
+  for (; t + 4 <= m; t += 4) {
+    const float* k0 = k + idx[t] * k_row;
+    const float* k1 = k + idx[t + 1] * k_row;
+    const float* k2 = k + idx[t + 2] * k_row;
+    const float* k3 = k + idx[t + 3] * k_row;
+    for (int64_t h = 0; h < group; ++h) {
+      const float* qh = qs + h * hd;
+      F8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+      for (int64_t d = 0; d < hd; d += 8) {
+        const F8 x = Load8(qh + d);
+        a0 += x * Load8(k0 + d);
+        a1 += x * Load8(k1 + d);
+        a2 += x * Load8(k2 + d);
+        a3 += x * Load8(k3 + d);
+      }
+      float* sh = s + h * m + t;
+      sh[0] = Sum8(a0), sh[1] = Sum8(a1), sh[2] = Sum8(a2), sh[3] = Sum8(a3);
+    }
+  }
+  for (; t < m; ++t) {
+    const float* k0 = k + idx[t] * k_row;
+    for (int64_t h = 0; h < group; ++h) {
+      F8 a0 = {};
+      for (int64_t d = 0; d < hd; d += 8) a0 += Load8(qs + h * hd + d) * Load8(k0 + d);
+      s[h * m + t] = Sum8(a0);
+    }
+  }
+  // Softmax of each query head's scores: max subtracted, exp, normalized.
+  for (int64_t h = 0; h < group; ++h) {
+    float* sh = s + h * m;
+    float max = sh[0];
+    for (int64_t i = 1; i < m; ++i) max = std::max(max, sh[i]);
+    float sum = 0;
+    for (int64_t i = 0; i < m; ++i) sum += (sh[i] = std::exp(sh[i] - max));
+    const float inv = 1.0f / sum;
+    for (int64_t i = 0; i < m; ++i) sh[i] *= inv;
+  }
+  // out_h = sum_t p[h][t] * v_idx[t], four value rows per pass over out.
+  for (int64_t h = 0; h < group; ++h) std::memset(out + h * out_head, 0, hd * sizeof(float));
+  for (t = 0; t + 4 <= m; t += 4) {
+    const float* v0 = v + idx[t] * v_row;
+    const float* v1 = v + idx[t + 1] * v_row;
+    const float* v2 = v + idx[t + 2] * v_row;
+    const float* v3 = v + idx[t + 3] * v_row;
+    for (int64_t d = 0; d < hd; d += 8) {
+      const F8 x0 = Load8(v0 + d), x1 = Load8(v1 + d), x2 = Load8(v2 + d), x3 = Load8(v3 + d);
+      for (int64_t h = 0; h < group; ++h) {
+        const float* p = s + h * m + t;
+        float* o = out + h * out_head + d;
+        Store8(o, Load8(o) + (p[0] * x0 + p[1] * x1) + (p[2] * x2 + p[3] * x3));
+      }
+    }
+  }
+  for (; t < m; ++t) {
+    const float* v0 = v + idx[t] * v_row;
+    for (int64_t d = 0; d < hd; d += 8) {
+      const F8 x0 = Load8(v0 + d);
+      for (int64_t h = 0; h < group; ++h) {
+        float* o = out + h * out_head + d;
+        Store8(o, Load8(o) + s[h * m + t] * x0);
+      }
+    }
+  }
+}
+
+bool IsCpuF32(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kFloat && t.dim() == 3 &&
+         t.stride(2) == 1;
+}
+
+bool IsCpuLong(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kLong && t.dim() == 1;
+}
+
+}  // namespace
+
+bool DecodeAttentionCpuSupports(const at::Tensor& q, const at::Tensor& q_pos,
+                                const std::vector<at::Tensor>& keys,
+                                const std::vector<at::Tensor>& values,
+                                const std::vector<at::Tensor>& k_pos) {
+  if (!q.defined() || !q.device().is_cpu() || q.scalar_type() != at::kFloat || q.dim() != 3) {
+    return false;
+  }
+  const int64_t n_heads = q.size(0), batch = q.size(1), hd = q.size(2);
+  if (hd % 8 != 0 || !IsCpuLong(q_pos) || q_pos.size(0) != batch) return false;
+  const size_t b_count = static_cast<size_t>(batch);
+  if (keys.size() != b_count || values.size() != b_count || k_pos.size() != b_count) return false;
+  for (size_t b = 0; b < b_count; ++b) {
+    const at::Tensor &k = keys[b], &v = values[b];
+    if (!IsCpuF32(k) || !IsCpuF32(v) || !IsCpuLong(k_pos[b])) return false;
+    if (k.size(0) == 0 || n_heads % k.size(0) != 0 || k.size(2) != hd) return false;
+    if (v.sizes() != k.sizes() || k_pos[b].size(0) != k.size(1)) return false;
+  }
+  return true;
+}
+
+at::Tensor DecodeAttentionCpu(const at::Tensor& q_in, const at::Tensor& q_pos_in,
+                              const std::vector<at::Tensor>& keys,
+                              const std::vector<at::Tensor>& values,
+                              const std::vector<at::Tensor>& k_pos) {
+  const at::Tensor q = q_in.stride(2) == 1 ? q_in : q_in.contiguous();
+  const at::Tensor q_pos = q_pos_in.contiguous();
+  const int64_t n_heads = q.size(0), batch = q.size(1), hd = q.size(2);
+  at::Tensor out = at::empty({n_heads, batch, hd}, q.options());
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const float* qp = q.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t* q_at = q_pos.data_ptr<int64_t>();
+  // Scratch reused across calls: visible key rows, scaled q, scores.
+  thread_local std::vector<int64_t> idx;
+  thread_local std::vector<float> qs, s;
+  for (int64_t b = 0; b < batch; ++b) {
+    const at::Tensor &k = keys[b], &v = values[b];
+    const int64_t n_kv = k.size(0), n_keys = k.size(1), group = n_heads / n_kv;
+    // The same keys are visible to every head: collect them once.
+    const at::Tensor kp_t = k_pos[b].contiguous();
+    const int64_t* kp = kp_t.data_ptr<int64_t>();
+    idx.clear();
+    for (int64_t j = 0; j < n_keys; ++j) {
+      if (kp[j] <= q_at[b]) idx.push_back(j);
+    }
+    const int64_t m = static_cast<int64_t>(idx.size());
+    qs.resize(group * hd);
+    s.resize(std::max<int64_t>(1, group * m));
+    const float* kb = k.data_ptr<float>();
+    const float* vb = v.data_ptr<float>();
+    for (int64_t g = 0; g < n_kv; ++g) {
+      AttendKvHead(qp + g * group * q.stride(0) + b * q.stride(1), q.stride(0), group, hd, scale,
+                   kb + g * k.stride(0), k.stride(1), vb + g * v.stride(0), v.stride(1),
+                   idx.data(), m, qs.data(), s.data(), op + g * group * out.stride(0) + b * hd,
+                   out.stride(0));
+    }
+  }
+  return out;
+}
+
+}  // namespace infoflow

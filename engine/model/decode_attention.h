@@ -1,0 +1,53 @@
+// Decode attention on the CPU: one query row per request, each over its own
+// cache, in plain C++ (what Model::DecodeStep runs on the CPU).
+//
+// Why it exists: Model::Attention is a dozen torch ops (narrow, matmul,
+// masked_fill, softmax, bmm, cat...) per call, each a few microseconds of
+// dispatch. A decode step calls it once per request per layer with a single
+// query row, so at batch 16 over short caches the step spent more time
+// dispatching than computing (engine_bench: 23.9 ms at batch 16 vs 9.05 ms
+// at batch 1 over 200-token caches, the weights being read once either way).
+// This does the same math as a loop over (request, kv head) with no torch
+// call inside, reading each K and V row once for all the query heads that
+// share it (GQA).
+//
+// The math is Model::Attention's for one query row: query heads
+// h = g*group .. g*group+group-1 use kv head g; scores q.k * (1/sqrt(hd))
+// over the keys with position <= the query's position (any slot order),
+// softmax with the max subtracted, then the probability-weighted sum of V.
+// f32 throughout with f32 accumulation; it differs from Model::Attention
+// only by summation order (within 1e-5, pinned by tests/engine/
+// batch_decode_test.cc).
+#ifndef INFOFLOW_ENGINE_MODEL_DECODE_ATTENTION_H_
+#define INFOFLOW_ENGINE_MODEL_DECODE_ATTENTION_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+namespace infoflow {
+
+// True when DecodeAttentionCpu takes these inputs: q [H, B, hd] and every
+// keys[b] / values[b] [Hkv, N_b, hd] f32 on the CPU, unit stride along hd
+// (any stride between heads and rows: KvCache views qualify), hd a multiple
+// of 8, H a multiple of Hkv, q_pos and every k_pos[b] int64 on the CPU.
+// Otherwise callers use Model::Attention per row.
+bool DecodeAttentionCpuSupports(const at::Tensor& q, const at::Tensor& q_pos,
+                                const std::vector<at::Tensor>& keys,
+                                const std::vector<at::Tensor>& values,
+                                const std::vector<at::Tensor>& k_pos);
+
+// Query row b of q ([H, B, hd]) at position q_pos[b] attends over keys[b],
+// values[b] ([Hkv, N_b, hd]), seeing key j iff k_pos[b][j] <= q_pos[b].
+// Returns [H, B, hd] f32, row b equal to Model::Attention(q.narrow(1, b, 1),
+// keys[b], values[b], q_pos.narrow(0, b, 1), k_pos[b], nullptr) up to
+// summation order. A row with no visible key is NaN, as there. Requires
+// DecodeAttentionCpuSupports.
+at::Tensor DecodeAttentionCpu(const at::Tensor& q, const at::Tensor& q_pos,
+                              const std::vector<at::Tensor>& keys,
+                              const std::vector<at::Tensor>& values,
+                              const std::vector<at::Tensor>& k_pos);
+
+}  // namespace infoflow
+
+#endif  // INFOFLOW_ENGINE_MODEL_DECODE_ATTENTION_H_
