@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -33,6 +34,18 @@ inline float Sum8(F8 x) {
 #define INFOFLOW_AVX2_CLONE
 #endif
 
+// Rows idx[t, t + 4) of a K or V block, requested ahead of their use: the
+// loops below stall on these loads otherwise (at batch 16 the K/V of all
+// requests are tens of MB, past the caches).
+constexpr int64_t kAhead = 16;
+inline void Prefetch(const float* base, int64_t row, int64_t hd, const int64_t* idx, int64_t m,
+                     int64_t t) {
+  for (int64_t i = t; i < std::min(t + 4, m); ++i) {
+    const float* r = base + idx[i] * row;
+    for (int64_t d = 0; d < hd; d += 16) __builtin_prefetch(r + d);
+  }
+}
+
 // One kv head and the `group` query heads that share it, for one query row.
 // q: group rows of hd floats, `q_head` apart; K/V rows `k_row` / `v_row`
 // apart; idx[0, m): the visible key rows; out: group rows `out_head` apart.
@@ -59,6 +72,7 @@ void AttendKvHead(const float* q, int64_t q_head, int64_t group, int64_t hd, flo
     const float* k1 = k + idx[t + 1] * k_row;
     const float* k2 = k + idx[t + 2] * k_row;
     const float* k3 = k + idx[t + 3] * k_row;
+    Prefetch(k, k_row, hd, idx, m, t + kAhead);
     for (int64_t h = 0; h < group; ++h) {
       const float* qh = qs + h * hd;
       F8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
@@ -98,6 +112,7 @@ void AttendKvHead(const float* q, int64_t q_head, int64_t group, int64_t hd, flo
     const float* v1 = v + idx[t + 1] * v_row;
     const float* v2 = v + idx[t + 2] * v_row;
     const float* v3 = v + idx[t + 3] * v_row;
+    Prefetch(v, v_row, hd, idx, m, t + kAhead);
     for (int64_t d = 0; d < hd; d += 8) {
       const F8 x0 = Load8(v0 + d), x1 = Load8(v1 + d), x2 = Load8(v2 + d), x3 = Load8(v3 + d);
       for (int64_t h = 0; h < group; ++h) {
