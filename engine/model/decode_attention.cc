@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <thread>
 
 namespace infoflow {
 namespace {
@@ -45,6 +46,10 @@ inline void Prefetch(const float* base, int64_t row, int64_t hd, const int64_t* 
     for (int64_t d = 0; d < hd; d += 16) __builtin_prefetch(r + d);
   }
 }
+
+// Below this many (key, query head) pairs in a call DecodeAttentionCpu runs
+// on the calling thread alone.
+constexpr int64_t kMinKeysPerThread = int64_t{1} << 14;
 
 // One kv head and the `group` query heads that share it, for one query row.
 // q: group rows of hd floats, `q_head` apart; K/V rows `k_row` / `v_row`
@@ -160,6 +165,7 @@ bool DecodeAttentionCpuSupports(const at::Tensor& q, const at::Tensor& q_pos,
     const at::Tensor &k = keys[b], &v = values[b];
     if (!IsCpuF32(k) || !IsCpuF32(v) || !IsCpuLong(k_pos[b])) return false;
     if (k.size(0) == 0 || n_heads % k.size(0) != 0 || k.size(2) != hd) return false;
+    if (k.size(0) != keys[0].size(0)) return false;  // one model: one kv head count
     if (v.sizes() != k.sizes() || k_pos[b].size(0) != k.size(1)) return false;
   }
   return true;
@@ -168,40 +174,66 @@ bool DecodeAttentionCpuSupports(const at::Tensor& q, const at::Tensor& q_pos,
 at::Tensor DecodeAttentionCpu(const at::Tensor& q_in, const at::Tensor& q_pos_in,
                               const std::vector<at::Tensor>& keys,
                               const std::vector<at::Tensor>& values,
-                              const std::vector<at::Tensor>& k_pos) {
+                              const std::vector<at::Tensor>& k_pos, int threads) {
   const at::Tensor q = q_in.stride(2) == 1 ? q_in : q_in.contiguous();
   const at::Tensor q_pos = q_pos_in.contiguous();
   const int64_t n_heads = q.size(0), batch = q.size(1), hd = q.size(2);
   at::Tensor out = at::empty({n_heads, batch, hd}, q.options());
+  if (batch == 0) return out;
+  const int64_t n_kv = keys[0].size(0), group = n_heads / n_kv;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   const float* qp = q.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t* q_at = q_pos.data_ptr<int64_t>();
-  // Scratch reused across calls: visible key rows, scaled q, scores.
-  thread_local std::vector<int64_t> idx;
-  thread_local std::vector<float> qs, s;
-  for (int64_t b = 0; b < batch; ++b) {
-    const at::Tensor &k = keys[b], &v = values[b];
-    const int64_t n_kv = k.size(0), n_keys = k.size(1), group = n_heads / n_kv;
-    // The same keys are visible to every head: collect them once.
-    const at::Tensor kp_t = k_pos[b].contiguous();
-    const int64_t* kp = kp_t.data_ptr<int64_t>();
-    idx.clear();
-    for (int64_t j = 0; j < n_keys; ++j) {
-      if (kp[j] <= q_at[b]) idx.push_back(j);
-    }
-    const int64_t m = static_cast<int64_t>(idx.size());
+  std::vector<at::Tensor> kp(batch);
+  for (int64_t b = 0; b < batch; ++b) kp[b] = k_pos[b].contiguous();
+  // Work item i is (request i / n_kv, kv head i % n_kv); items [i0, i1).
+  auto attend = [&](int64_t i0, int64_t i1) {
+    // Scratch reused across calls: visible key rows, scaled q, scores.
+    thread_local std::vector<int64_t> idx;
+    thread_local std::vector<float> qs, s;
     qs.resize(group * hd);
-    s.resize(std::max<int64_t>(1, group * m));
-    const float* kb = k.data_ptr<float>();
-    const float* vb = v.data_ptr<float>();
-    for (int64_t g = 0; g < n_kv; ++g) {
+    for (int64_t i = i0, b = -1; i < i1; ++i) {
+      const at::Tensor &k = keys[i / n_kv], &v = values[i / n_kv];
+      if (b != i / n_kv) {  // a new request: the keys visible to its query, for every head
+        b = i / n_kv;
+        const int64_t* pos = kp[b].data_ptr<int64_t>();
+        idx.clear();
+        for (int64_t j = 0; j < k.size(1); ++j) {
+          if (pos[j] <= q_at[b]) idx.push_back(j);
+        }
+        s.resize(std::max<int64_t>(1, group * static_cast<int64_t>(idx.size())));
+      }
+      const int64_t g = i % n_kv;
       AttendKvHead(qp + g * group * q.stride(0) + b * q.stride(1), q.stride(0), group, hd, scale,
-                   kb + g * k.stride(0), k.stride(1), vb + g * v.stride(0), v.stride(1),
-                   idx.data(), m, qs.data(), s.data(), op + g * group * out.stride(0) + b * hd,
-                   out.stride(0));
+                   k.data_ptr<float>() + g * k.stride(0), k.stride(1),
+                   v.data_ptr<float>() + g * v.stride(0), v.stride(1), idx.data(),
+                   static_cast<int64_t>(idx.size()), qs.data(), s.data(),
+                   op + g * group * out.stride(0) + b * hd, out.stride(0));
     }
+  };
+  // Split the items into `threads` runs of about equal keys. A thread start
+  // costs tens of microseconds: only for enough work (16 requests x 200
+  // keys x 8 heads is ~0.5 ms a layer on one core).
+  const int64_t items = batch * n_kv;
+  std::vector<int64_t> cum(items + 1, 0);
+  for (int64_t i = 0; i < items; ++i) cum[i + 1] = cum[i] + keys[i / n_kv].size(1) + 16;
+  const int64_t parts =
+      cum[items] * group < kMinKeysPerThread ? 1 : std::min<int64_t>(std::max(threads, 1), items);
+  std::vector<std::thread> helpers;
+  int64_t begin = 0;
+  for (int64_t p = 1; p <= parts; ++p) {
+    const int64_t end = p == parts ? items
+                                   : std::lower_bound(cum.begin(), cum.end(),
+                                                      cum[items] * p / parts) - cum.begin();
+    if (p == parts) {
+      attend(begin, end);  // the last run on this thread
+    } else if (end > begin) {
+      helpers.emplace_back(attend, begin, end);
+    }
+    begin = std::max(begin, end);
   }
+  for (std::thread& t : helpers) t.join();
   return out;
 }
 

@@ -30,7 +30,8 @@ namespace infoflow {
 // True when DecodeAttentionCpu takes these inputs: q [H, B, hd] and every
 // keys[b] / values[b] [Hkv, N_b, hd] f32 on the CPU, unit stride along hd
 // (any stride between heads and rows: KvCache views qualify), hd a multiple
-// of 8, H a multiple of Hkv, q_pos and every k_pos[b] int64 on the CPU.
+// of 8, one Hkv for all b with H a multiple of it, q_pos and every k_pos[b]
+// int64 on the CPU.
 // Otherwise callers use Model::Attention per row.
 bool DecodeAttentionCpuSupports(const at::Tensor& q, const at::Tensor& q_pos,
                                 const std::vector<at::Tensor>& keys,
@@ -42,11 +43,13 @@ bool DecodeAttentionCpuSupports(const at::Tensor& q, const at::Tensor& q_pos,
 // Returns [H, B, hd] f32, row b equal to Model::Attention(q.narrow(1, b, 1),
 // keys[b], values[b], q_pos.narrow(0, b, 1), k_pos[b], nullptr) up to
 // summation order. A row with no visible key is NaN, as there. Requires
-// DecodeAttentionCpuSupports.
+// DecodeAttentionCpuSupports. With `threads` > 1 and enough keys the
+// (request, kv head) pairs are split over that many threads (the caller's
+// and threads - 1 started for the call); the result is the same bit for bit.
 at::Tensor DecodeAttentionCpu(const at::Tensor& q, const at::Tensor& q_pos,
                               const std::vector<at::Tensor>& keys,
                               const std::vector<at::Tensor>& values,
-                              const std::vector<at::Tensor>& k_pos);
+                              const std::vector<at::Tensor>& k_pos, int threads = 1);
 
 }  // namespace infoflow
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/model/decode_attention.h"
+#include "engine/model/runtime.h"
 #include "engine/model/yield_point.h"
 
 namespace infoflow {
@@ -285,7 +286,7 @@ at::Tensor Model::DecodeAttention(const at::Tensor& q, const at::Tensor& q_pos,
   }
   if (DecodeAttentionCpuSupports(q, q_pos, keys, values, k_pos)) {
     g_attention_rows.fetch_add(batch, std::memory_order_relaxed);  // as Attention counts them
-    return DecodeAttentionCpu(q, q_pos, keys, values, k_pos);
+    return DecodeAttentionCpu(q, q_pos, keys, values, k_pos, MathThreads());
   }
   std::vector<at::Tensor> rows(batch);
   for (int64_t b = 0; b < batch; ++b) {

@@ -190,8 +190,9 @@ class Model {
   // int64) attends over caches[b]'s `layer` only. Returns [H, B, hd]; row b
   // equals Attention(q.narrow(1, b, 1), caches[b]->keys(layer), ...) within
   // 1e-5 (summation order; pinned by a test). On the CPU in f32 it is one
-  // plain C++ loop (engine/model/decode_attention.h: per-row Attention was
-  // dispatch-bound at batch 16); otherwise Attention per row.
+  // plain C++ loop split over MathThreads() cores (engine/model/
+  // decode_attention.h: per-row Attention cost dispatches per request and
+  // ran on one core); otherwise Attention per row.
   static at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& q_pos,
                                     const std::vector<KvCache*>& caches, int layer);
 

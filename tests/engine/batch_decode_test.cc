@@ -85,6 +85,39 @@ TEST(DecodeAttention, EqualsAttentionPerRow) {
   }
 }
 
+// With threads the (request, kv head) pairs are split over them (enough keys
+// here to pass the threshold for it): bit-identical to one thread, and
+// still Attention's result within 1e-5.
+TEST(DecodeAttention, ThreadsSplitWorkBitIdentically) {
+  at::manual_seed(14);
+  std::mt19937 rng(6);
+  std::vector<std::vector<int64_t>> pos;
+  std::vector<int64_t> q_pos;
+  for (int64_t n : {2500, 40, 3000, 7, 1200, 2000}) {
+    std::vector<int64_t> p(n);
+    std::iota(p.begin(), p.end(), int64_t{0});
+    if (n % 2 == 0) std::shuffle(p.begin(), p.end(), rng);
+    pos.push_back(p), q_pos.push_back(n % 3 == 0 ? n / 2 : n - 1);
+  }
+  std::vector<KvCache> caches = RandomCaches(pos, 2, 64, at::kFloat);
+  std::vector<at::Tensor> keys, values, k_pos;
+  for (KvCache& c : caches) {
+    keys.push_back(c.keys(0)), values.push_back(c.values(0)), k_pos.push_back(c.positions());
+  }
+  at::Tensor q = at::randn({6, 4, 64}).transpose(0, 1);
+  at::Tensor qp = at::tensor(q_pos);
+  at::Tensor one = DecodeAttentionCpu(q, qp, keys, values, k_pos, 1);
+  for (int threads : {2, 3, 16}) {
+    EXPECT_TRUE(at::equal(DecodeAttentionCpu(q, qp, keys, values, k_pos, threads), one))
+        << threads;
+  }
+  for (int64_t b = 0; b < 6; ++b) {
+    at::Tensor ref = Model::Attention(q.narrow(1, b, 1), keys[b], values[b], qp.narrow(0, b, 1),
+                                      k_pos[b], nullptr, caches[b].positions_sorted());
+    EXPECT_LE(MaxAbsDiff(one.narrow(1, b, 1), ref), 1e-5) << b;
+  }
+}
+
 // Inputs the loop does not take (bf16 here) go through Attention per row:
 // the same result exactly.
 TEST(DecodeAttention, OtherDtypesFallBackToAttention) {
