@@ -27,6 +27,30 @@ inline float Sum8(F8 x) {
   return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
 }
 
+// exp(x) for x <= 0, eight at a time (Cephes expf: x = n ln2 + r, |r| <=
+// ln2/2, a degree-6 polynomial in r, times 2^n from the exponent bits);
+// within 2 ulp of std::exp. Below -87 (past float's normal range) it gives
+// exp(-87), ~1.6e-38, not 0: weights that small change no sum.
+typedef int I8 __attribute__((vector_size(32)));
+inline F8 ExpNonPositive8(F8 x) {
+  const F8 lo = F8{} - 87.0f;
+  x = x < lo ? lo : x;
+  const F8 magic = F8{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const F8 n = (x * 1.44269504088896341f + magic) - magic;
+  const F8 r = (x - n * 0.693359375f) - n * -2.12194440e-4f;  // ln2 in two parts
+  F8 p = F8{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const F8 y = p * r * r + r + 1.0f;
+  const I8 bits = (__builtin_convertvector(n, I8) + 127) << 23;
+  F8 scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return y * scale;
+}
+
 // The build targets baseline x86-64 (SSE2); the kernel is also compiled for
 // x86-64-v3 (AVX2 + FMA) and picked at load time where the CPU has it.
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -62,7 +86,7 @@ void AttendKvHead(const float* q, int64_t q_head, int64_t group, int64_t hd, flo
                   int64_t out_head) {
   if (m == 0) {  // nothing visible: softmax over an empty set, NaN like Model::Attention
     for (int64_t h = 0; h < group; ++h) {
-      for (int64_t d = 0; d < hd; ++d) out[h * out_head + d] = std::numeric_limits<float>::quiet_NaN();
+      std::fill_n(out + h * out_head, hd, std::numeric_limits<float>::quiet_NaN());
     }
     return;
   }
@@ -104,11 +128,18 @@ void AttendKvHead(const float* q, int64_t q_head, int64_t group, int64_t hd, flo
   for (int64_t h = 0; h < group; ++h) {
     float* sh = s + h * m;
     float max = sh[0];
-    for (int64_t i = 1; i < m; ++i) max = std::max(max, sh[i]);
-    float sum = 0;
-    for (int64_t i = 0; i < m; ++i) sum += (sh[i] = std::exp(sh[i] - max));
+    for (int64_t j = 1; j < m; ++j) max = std::max(max, sh[j]);
+    F8 sums = {};
+    int64_t i = 0;
+    for (; i + 8 <= m; i += 8) {
+      const F8 e = ExpNonPositive8(Load8(sh + i) - max);
+      Store8(sh + i, e);
+      sums += e;
+    }
+    float sum = Sum8(sums);
+    for (; i < m; ++i) sum += (sh[i] = std::exp(sh[i] - max));
     const float inv = 1.0f / sum;
-    for (int64_t i = 0; i < m; ++i) sh[i] *= inv;
+    for (int64_t j = 0; j < m; ++j) sh[j] *= inv;
   }
   // out_h = sum_t p[h][t] * v_idx[t], four value rows per pass over out.
   for (int64_t h = 0; h < group; ++h) std::memset(out + h * out_head, 0, hd * sizeof(float));

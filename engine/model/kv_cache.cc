@@ -100,9 +100,10 @@ void KvCache::WriteRows(int layer, const std::vector<KvCache*>& caches,
     c.EnsureCapacity(c.length_, k, v);
     const at::Tensor &ck = c.k_[layer], &cv = c.v_[layer];
     const bool direct = k.device().is_cpu() && ck.device().is_cpu() &&
-                        k.scalar_type() == ck.scalar_type() && v.scalar_type() == cv.scalar_type() &&
-                        k.stride(2) == 1 && v.stride(2) == 1 && ck.is_contiguous() &&
-                        cv.is_contiguous() && ck.size(0) == n_kv && ck.size(2) == hd;
+                        k.scalar_type() == ck.scalar_type() &&
+                        v.scalar_type() == cv.scalar_type() && k.stride(2) == 1 &&
+                        v.stride(2) == 1 && ck.is_contiguous() && cv.is_contiguous() &&
+                        ck.size(0) == n_kv && ck.size(2) == hd;
     const int64_t bi = static_cast<int64_t>(b);
     if (!direct) {
       c.WriteRange(layer, slots[b], k.narrow(1, bi, 1), v.narrow(1, bi, 1));

@@ -39,8 +39,9 @@ std::vector<KvCache> RandomCaches(const std::vector<std::vector<int64_t>>& posit
 
 // Model::DecodeAttention (the plain C++ loop on CPU f32) equals
 // Model::Attention row by row within 1e-5: GQA groups 1/2/4, head dims 64
-// and 24, caches of 1..300 keys with positions sorted, shuffled, with
-// duplicates, and with keys hidden from the query (positions past it).
+// and 24, scores near and far apart, caches of 1..300 keys with positions
+// sorted, shuffled, with duplicates, and with keys hidden from the query
+// (positions past it).
 TEST(DecodeAttention, EqualsAttentionPerRow) {
   at::manual_seed(11);
   std::mt19937 rng(5);
@@ -65,21 +66,30 @@ TEST(DecodeAttention, EqualsAttentionPerRow) {
       std::vector<KvCache*> ptrs;
       for (KvCache& c : caches) ptrs.push_back(&c);
       const int64_t batch = static_cast<int64_t>(ptrs.size());
-      // q as ProjectQkv makes it: a transposed view, heads not contiguous.
-      at::Tensor q = at::randn({batch, n_kv * group, hd}).transpose(0, 1);
       at::Tensor qp = at::tensor(q_pos);
-      std::vector<at::Tensor> keys, values, k_pos;
-      for (KvCache* c : ptrs) {
-        keys.push_back(c->keys(0)), values.push_back(c->values(0)), k_pos.push_back(c->positions());
-      }
-      ASSERT_TRUE(DecodeAttentionCpuSupports(q, qp, keys, values, k_pos));  // the fused path
-      at::Tensor got = Model::DecodeAttention(q, qp, ptrs, 0);
-      ASSERT_EQ(got.sizes(), q.sizes());
-      for (int64_t b = 0; b < batch; ++b) {
-        at::Tensor ref = Model::Attention(q.narrow(1, b, 1), keys[b], values[b], qp.narrow(0, b, 1),
-                                          k_pos[b], nullptr, ptrs[b]->positions_sorted());
-        EXPECT_LE(MaxAbsDiff(got.narrow(1, b, 1), ref), 1e-5)
-            << "group " << group << " hd " << hd << " row " << b << " keys " << pos[b].size();
+      // q as ProjectQkv makes it: a transposed view, heads not contiguous.
+      // Also 30x larger: scores ~100 apart, most weights underflow (the
+      // loop's exp clamps below -87), and the scores' own rounding
+      // (summation order, ~1e-7 relative) moves the result by ~1e-5: 1e-4.
+      for (double q_scale : {1.0, 30.0}) {
+        const double tolerance = q_scale == 1.0 ? 1e-5 : 1e-4;
+        at::Tensor q = (at::randn({batch, n_kv * group, hd}) * q_scale).transpose(0, 1);
+        std::vector<at::Tensor> keys, values, k_pos;
+        for (KvCache* c : ptrs) {
+          keys.push_back(c->keys(0)), values.push_back(c->values(0));
+          k_pos.push_back(c->positions());
+        }
+        ASSERT_TRUE(DecodeAttentionCpuSupports(q, qp, keys, values, k_pos));  // the fused path
+        at::Tensor got = Model::DecodeAttention(q, qp, ptrs, 0);
+        ASSERT_EQ(got.sizes(), q.sizes());
+        for (int64_t b = 0; b < batch; ++b) {
+          at::Tensor ref = Model::Attention(q.narrow(1, b, 1), keys[b], values[b],
+                                            qp.narrow(0, b, 1), k_pos[b], nullptr,
+                                            ptrs[b]->positions_sorted());
+          EXPECT_LE(MaxAbsDiff(got.narrow(1, b, 1), ref), tolerance)
+              << "group " << group << " hd " << hd << " q x" << q_scale << " row " << b
+              << " keys " << pos[b].size();
+        }
       }
     }
   }
@@ -254,7 +264,8 @@ TEST_P(BatchDecode, UnsortedCachesEqualSoloForward) {
   for (KvCache& c : batched) ptrs.push_back(&c);
   at::Tensor logits = model_->DecodeStep(at::tensor(tok), at::tensor(pos), ptrs);
   for (int r = 0; r < 4; ++r) {
-    at::Tensor ref = PrefillTokens(*model_, {static_cast<int32_t>(tok[r])}, pos[r], &solo[r]).logits;
+    const int32_t id = static_cast<int32_t>(tok[r]);
+    at::Tensor ref = PrefillTokens(*model_, {id}, pos[r], &solo[r]).logits;
     EXPECT_LE(MaxAbsDiff(logits[r], ref[0]), 1e-4) << r;
   }
 }
