@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstring>
 
 namespace infoflow {
 
@@ -88,6 +89,38 @@ void KvCache::WriteRange(int layer, int64_t first, const at::Tensor& k, const at
   EnsureCapacity(length_, k, v);
   k_[layer].narrow(1, first, k.size(1)).copy_(k);
   v_[layer].narrow(1, first, v.size(1)).copy_(v);
+}
+
+void KvCache::WriteRows(int layer, const std::vector<KvCache*>& caches,
+                        const std::vector<int64_t>& slots, const at::Tensor& k,
+                        const at::Tensor& v) {
+  const int64_t n_kv = k.size(0), hd = k.size(2);
+  for (size_t b = 0; b < caches.size(); ++b) {
+    KvCache& c = *caches[b];
+    c.EnsureCapacity(c.length_, k, v);
+    const at::Tensor &ck = c.k_[layer], &cv = c.v_[layer];
+    const bool direct = k.device().is_cpu() && ck.device().is_cpu() &&
+                        k.scalar_type() == ck.scalar_type() &&
+                        v.scalar_type() == cv.scalar_type() && k.stride(2) == 1 &&
+                        v.stride(2) == 1 && ck.is_contiguous() && cv.is_contiguous() &&
+                        ck.size(0) == n_kv && ck.size(2) == hd;
+    const int64_t bi = static_cast<int64_t>(b);
+    if (!direct) {
+      c.WriteRange(layer, slots[b], k.narrow(1, bi, 1), v.narrow(1, bi, 1));
+      continue;
+    }
+    // [n_kv, capacity, hd] contiguous: head g's slot s is row g * capacity + s.
+    const int64_t cap = ck.size(1), row = hd * k.element_size();
+    const char* kp = static_cast<const char*>(k.data_ptr());
+    const char* vp = static_cast<const char*>(v.data_ptr());
+    char* ckp = static_cast<char*>(ck.data_ptr());
+    char* cvp = static_cast<char*>(cv.data_ptr());
+    for (int64_t g = 0; g < n_kv; ++g) {
+      const int64_t dst = (g * cap + slots[b]) * row;
+      std::memcpy(ckp + dst, kp + (g * k.stride(0) + bi * k.stride(1)) * k.element_size(), row);
+      std::memcpy(cvp + dst, vp + (g * v.stride(0) + bi * v.stride(1)) * v.element_size(), row);
+    }
+  }
 }
 
 std::pair<at::Tensor, at::Tensor> KvCache::SlotsForWrite(int layer, int64_t first, int64_t m,

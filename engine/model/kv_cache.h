@@ -59,6 +59,13 @@ class KvCache {
   void WriteAt(int layer, const at::Tensor& slots, const at::Tensor& k, const at::Tensor& v);
   // Same for a contiguous slot range [first, first + m).
   void WriteRange(int layer, int64_t first, const at::Tensor& k, const at::Tensor& v);
+  // DecodeStep's write: row b of k, v ([n_kv, B, hd]) into slot slots[b]
+  // (< that cache's size()) of caches[b]'s `layer`, for B distinct caches.
+  // On the CPU with the cache's dtype it is a plain copy per head: B
+  // WriteAt calls cost more in dispatch than in copying at batch 16.
+  static void WriteRows(int layer, const std::vector<KvCache*>& caches,
+                        const std::vector<int64_t>& slots, const at::Tensor& k,
+                        const at::Tensor& v);
   // Views of the K and V slots [first, first + m) of `layer` ([n_kv, m, hd]
   // each) for the caller to write in place, e.g. rotated keys straight into
   // the cache (Model::RotateInto) instead of through a temporary. `like_k`

@@ -10,6 +10,8 @@
 #include <limits>
 #include <vector>
 
+#include "engine/model/decode_attention.h"
+#include "engine/model/runtime.h"
 #include "engine/model/yield_point.h"
 
 namespace infoflow {
@@ -258,27 +260,40 @@ at::Tensor Model::DecodeStep(const at::Tensor& tokens_in, const at::Tensor& posi
   at::Tensor positions = positions_in.to(device_, at::kLong);
   const int64_t batch = tokens.size(0);
   // Row b's token goes to a new slot at the end of its own cache.
-  std::vector<at::Tensor> slots(batch);
+  std::vector<int64_t> slots(batch);
   for (int64_t b = 0; b < batch; ++b) {
-    const int64_t first = caches[b]->AppendPositions(positions.narrow(0, b, 1));
-    slots[b] = at::full({1}, first, tokens.options());
+    slots[b] = caches[b]->AppendPositions(positions.narrow(0, b, 1));
   }
   auto rope = RopeTables(positions);  // one row per request: its own position
   at::Tensor h = Embed(tokens);       // [B, d]
   for (int l = 0; l < n_layers(); ++l) {
-    Qkv p = ProjectQkv(l, h, rope, nullptr);  // one matmul over the B rows
-    std::vector<at::Tensor> attn(batch);
-    for (int64_t b = 0; b < batch; ++b) {
-      // Attention is per request, over its own cache only.
-      KvCache* cache = caches[b];
-      cache->WriteAt(l, slots[b], p.k.narrow(1, b, 1), p.v.narrow(1, b, 1));
-      attn[b] = Attention(p.q.narrow(1, b, 1), cache->keys(l), cache->values(l),
-                          positions.narrow(0, b, 1), cache->positions(), nullptr,
-                          cache->positions_sorted());
-    }
-    h = OutputAndMlp(l, h, batch == 1 ? attn[0] : at::cat(attn, 1));  // one matmul again
+    Qkv p = ProjectQkv(l, h, rope, nullptr);          // one matmul over the B rows
+    KvCache::WriteRows(l, caches, slots, p.k, p.v);   // row b into its own cache
+    at::Tensor attn = DecodeAttention(p.q, positions, caches, l);  // over its own cache only
+    h = OutputAndMlp(l, h, attn);                     // one matmul again
   }
   return Logits(h);
+}
+
+at::Tensor Model::DecodeAttention(const at::Tensor& q, const at::Tensor& q_pos,
+                                  const std::vector<KvCache*>& caches, int layer) {
+  const int64_t batch = q.size(1);
+  std::vector<at::Tensor> keys, values, k_pos;
+  for (KvCache* cache : caches) {
+    keys.push_back(cache->keys(layer));
+    values.push_back(cache->values(layer));
+    k_pos.push_back(cache->positions());
+  }
+  if (DecodeAttentionCpuSupports(q, q_pos, keys, values, k_pos)) {
+    g_attention_rows.fetch_add(batch, std::memory_order_relaxed);  // as Attention counts them
+    return DecodeAttentionCpu(q, q_pos, keys, values, k_pos, MathThreads());
+  }
+  std::vector<at::Tensor> rows(batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    rows[b] = Attention(q.narrow(1, b, 1), keys[b], values[b], q_pos.narrow(0, b, 1), k_pos[b],
+                        nullptr, caches[b]->positions_sorted());
+  }
+  return batch == 1 ? rows[0] : at::cat(rows, 1);
 }
 
 std::pair<at::Tensor, at::Tensor> Model::LayerKv(

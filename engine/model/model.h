@@ -186,6 +186,16 @@ class Model {
                               const at::Tensor& q_pos, const at::Tensor& k_pos,
                               AttentionColumnStats* stats_out, bool keys_sorted = false);
 
+  // DecodeStep's attention: query row b of q [H, B, hd] at q_pos[b] ([B]
+  // int64) attends over caches[b]'s `layer` only. Returns [H, B, hd]; row b
+  // equals Attention(q.narrow(1, b, 1), caches[b]->keys(layer), ...) within
+  // 1e-5 (summation order; pinned by a test). On the CPU in f32 it is one
+  // plain C++ loop split over MathThreads() cores (engine/model/
+  // decode_attention.h: per-row Attention cost dispatches per request and
+  // ran on one core); otherwise Attention per row.
+  static at::Tensor DecodeAttention(const at::Tensor& q, const at::Tensor& q_pos,
+                                    const std::vector<KvCache*>& caches, int layer);
+
  private:
   // A layer's attention inputs for hidden states h [q, d]: RMSNorm, fused
   // QKV projection, Qwen3 q/k norms, RoPE. q [H, q, hd]; k (rotated), v

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -41,6 +42,12 @@ bool SetBlasThreads(int threads) {
   if (set == nullptr || threads <= 0) return false;
   set(threads);
   return true;
+}
+
+int MathThreads() {
+  using GetFn = int (*)();
+  static const auto get = reinterpret_cast<GetFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  return std::max(1, get != nullptr ? get() : at::get_num_threads());
 }
 
 void InitTorchRuntime(int threads) {

@@ -19,6 +19,11 @@ void InitTorchRuntime(int threads = 0);
 // nothing done) otherwise or for threads <= 0.
 bool SetBlasThreads(int threads);
 
+// How many cores the math runs on now: OpenBLAS's thread count when it is
+// loaded (InitTorchRuntime gives it the cores), else torch's intra-op
+// thread count. Plain C++ kernels (decode_attention.h) split work this wide.
+int MathThreads();
+
 // Path of the libblas.so.3 this process really loaded (symlinks resolved),
 // or "" if none is mapped.
 std::string LoadedBlasLibrary();

@@ -1,0 +1,271 @@
+#include "engine/model/decode_attention.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <thread>
+
+namespace infoflow {
+namespace {
+
+// Eight floats as a GCC/Clang vector: one AVX register in the x86-64-v3
+// clone below, two SSE registers in the baseline one. These helpers are
+// inlined into the kernel, so GCC's note that passing F8 by value has
+// another ABI with and without AVX (-Wpsabi) concerns no real call.
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float F8 __attribute__((vector_size(32)));
+inline F8 Load8(const float* p) {
+  F8 r;
+  std::memcpy(&r, p, sizeof r);
+  return r;
+}
+inline void Store8(float* p, F8 x) { std::memcpy(p, &x, sizeof x); }
+inline float Sum8(F8 x) {
+  return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
+}
+
+// exp(x) for x <= 0, eight at a time (Cephes expf: x = n ln2 + r, |r| <=
+// ln2/2, a degree-6 polynomial in r, times 2^n from the exponent bits);
+// within 2 ulp of std::exp. Below -87 (past float's normal range) it gives
+// exp(-87), ~1.6e-38, not 0: weights that small change no sum.
+typedef int I8 __attribute__((vector_size(32)));
+inline F8 ExpNonPositive8(F8 x) {
+  const F8 lo = F8{} - 87.0f;
+  x = x < lo ? lo : x;
+  const F8 magic = F8{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const F8 n = (x * 1.44269504088896341f + magic) - magic;
+  const F8 r = (x - n * 0.693359375f) - n * -2.12194440e-4f;  // ln2 in two parts
+  F8 p = F8{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const F8 y = p * r * r + r + 1.0f;
+  const I8 bits = (__builtin_convertvector(n, I8) + 127) << 23;
+  F8 scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return y * scale;
+}
+
+// The build targets baseline x86-64 (SSE2); the kernel is also compiled for
+// x86-64-v3 (AVX2 + FMA) and picked at load time where the CPU has it.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define INFOFLOW_AVX2_CLONE __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define INFOFLOW_AVX2_CLONE
+#endif
+
+// Rows idx[t, t + 4) of a K or V block, requested ahead of their use: the
+// loops below stall on these loads otherwise (at batch 16 the K/V of all
+// requests are tens of MB, past the caches).
+constexpr int64_t kAhead = 16;
+inline void Prefetch(const float* base, int64_t row, int64_t hd, const int64_t* idx, int64_t m,
+                     int64_t t) {
+  for (int64_t i = t; i < std::min(t + 4, m); ++i) {
+    const float* r = base + idx[i] * row;
+    for (int64_t d = 0; d < hd; d += 16) __builtin_prefetch(r + d);
+  }
+}
+
+// Below this many (key, query head) pairs in a call DecodeAttentionCpu runs
+// on the calling thread alone.
+constexpr int64_t kMinKeysPerThread = int64_t{1} << 14;
+
+// One kv head and the `group` query heads that share it, for one query row.
+// q: group rows of hd floats, `q_head` apart; K/V rows `k_row` / `v_row`
+// apart; idx[0, m): the visible key rows; out: group rows `out_head` apart.
+// Scratch: qs [group * hd], s [group * m].
+INFOFLOW_AVX2_CLONE
+void AttendKvHead(const float* q, int64_t q_head, int64_t group, int64_t hd, float scale,
+                  const float* k, int64_t k_row, const float* v, int64_t v_row,
+                  const int64_t* idx, int64_t m, float* qs, float* s, float* out,
+                  int64_t out_head) {
+  if (m == 0) {  // nothing visible: softmax over an empty set, NaN like Model::Attention
+    for (int64_t h = 0; h < group; ++h) {
+      std::fill_n(out + h * out_head, hd, std::numeric_limits<float>::quiet_NaN());
+    }
+    return;
+  }
+  // q * scale first, as Model::Attention does.
+  for (int64_t h = 0; h < group; ++h) {
+    for (int64_t d = 0; d < hd; ++d) qs[h * hd + d] = q[h * q_head + d] * scale;
+  }
+  // Scores s[h][t] = qs_h . k_idx[t], four keys at a time (four sums in flight).
+  int64_t t = 0;
+  for (; t + 4 <= m; t += 4) {
+    const float* k0 = k + idx[t] * k_row;
+    const float* k1 = k + idx[t + 1] * k_row;
+    const float* k2 = k + idx[t + 2] * k_row;
+    const float* k3 = k + idx[t + 3] * k_row;
+    Prefetch(k, k_row, hd, idx, m, t + kAhead);
+    for (int64_t h = 0; h < group; ++h) {
+      const float* qh = qs + h * hd;
+      F8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+      for (int64_t d = 0; d < hd; d += 8) {
+        const F8 x = Load8(qh + d);
+        a0 += x * Load8(k0 + d);
+        a1 += x * Load8(k1 + d);
+        a2 += x * Load8(k2 + d);
+        a3 += x * Load8(k3 + d);
+      }
+      float* sh = s + h * m + t;
+      sh[0] = Sum8(a0), sh[1] = Sum8(a1), sh[2] = Sum8(a2), sh[3] = Sum8(a3);
+    }
+  }
+  for (; t < m; ++t) {
+    const float* k0 = k + idx[t] * k_row;
+    for (int64_t h = 0; h < group; ++h) {
+      F8 a0 = {};
+      for (int64_t d = 0; d < hd; d += 8) a0 += Load8(qs + h * hd + d) * Load8(k0 + d);
+      s[h * m + t] = Sum8(a0);
+    }
+  }
+  // Softmax of each query head's scores: max subtracted, exp, normalized.
+  for (int64_t h = 0; h < group; ++h) {
+    float* sh = s + h * m;
+    float max = sh[0];
+    for (int64_t j = 1; j < m; ++j) max = std::max(max, sh[j]);
+    F8 sums = {};
+    int64_t i = 0;
+    for (; i + 8 <= m; i += 8) {
+      const F8 e = ExpNonPositive8(Load8(sh + i) - max);
+      Store8(sh + i, e);
+      sums += e;
+    }
+    float sum = Sum8(sums);
+    for (; i < m; ++i) sum += (sh[i] = std::exp(sh[i] - max));
+    const float inv = 1.0f / sum;
+    for (int64_t j = 0; j < m; ++j) sh[j] *= inv;
+  }
+  // out_h = sum_t p[h][t] * v_idx[t], four value rows per pass over out.
+  for (int64_t h = 0; h < group; ++h) std::memset(out + h * out_head, 0, hd * sizeof(float));
+  for (t = 0; t + 4 <= m; t += 4) {
+    const float* v0 = v + idx[t] * v_row;
+    const float* v1 = v + idx[t + 1] * v_row;
+    const float* v2 = v + idx[t + 2] * v_row;
+    const float* v3 = v + idx[t + 3] * v_row;
+    Prefetch(v, v_row, hd, idx, m, t + kAhead);
+    for (int64_t d = 0; d < hd; d += 8) {
+      const F8 x0 = Load8(v0 + d), x1 = Load8(v1 + d), x2 = Load8(v2 + d), x3 = Load8(v3 + d);
+      for (int64_t h = 0; h < group; ++h) {
+        const float* p = s + h * m + t;
+        float* o = out + h * out_head + d;
+        Store8(o, Load8(o) + (p[0] * x0 + p[1] * x1) + (p[2] * x2 + p[3] * x3));
+      }
+    }
+  }
+  for (; t < m; ++t) {
+    const float* v0 = v + idx[t] * v_row;
+    for (int64_t d = 0; d < hd; d += 8) {
+      const F8 x0 = Load8(v0 + d);
+      for (int64_t h = 0; h < group; ++h) {
+        float* o = out + h * out_head + d;
+        Store8(o, Load8(o) + s[h * m + t] * x0);
+      }
+    }
+  }
+}
+
+bool IsCpuF32(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kFloat && t.dim() == 3 &&
+         t.stride(2) == 1;
+}
+
+bool IsCpuLong(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kLong && t.dim() == 1;
+}
+
+}  // namespace
+
+bool DecodeAttentionCpuSupports(const at::Tensor& q, const at::Tensor& q_pos,
+                                const std::vector<at::Tensor>& keys,
+                                const std::vector<at::Tensor>& values,
+                                const std::vector<at::Tensor>& k_pos) {
+  if (!q.defined() || !q.device().is_cpu() || q.scalar_type() != at::kFloat || q.dim() != 3) {
+    return false;
+  }
+  const int64_t n_heads = q.size(0), batch = q.size(1), hd = q.size(2);
+  if (hd % 8 != 0 || !IsCpuLong(q_pos) || q_pos.size(0) != batch) return false;
+  const size_t b_count = static_cast<size_t>(batch);
+  if (keys.size() != b_count || values.size() != b_count || k_pos.size() != b_count) return false;
+  for (size_t b = 0; b < b_count; ++b) {
+    const at::Tensor &k = keys[b], &v = values[b];
+    if (!IsCpuF32(k) || !IsCpuF32(v) || !IsCpuLong(k_pos[b])) return false;
+    if (k.size(0) == 0 || n_heads % k.size(0) != 0 || k.size(2) != hd) return false;
+    if (k.size(0) != keys[0].size(0)) return false;  // one model: one kv head count
+    if (v.sizes() != k.sizes() || k_pos[b].size(0) != k.size(1)) return false;
+  }
+  return true;
+}
+
+at::Tensor DecodeAttentionCpu(const at::Tensor& q_in, const at::Tensor& q_pos_in,
+                              const std::vector<at::Tensor>& keys,
+                              const std::vector<at::Tensor>& values,
+                              const std::vector<at::Tensor>& k_pos, int threads) {
+  const at::Tensor q = q_in.stride(2) == 1 ? q_in : q_in.contiguous();
+  const at::Tensor q_pos = q_pos_in.contiguous();
+  const int64_t n_heads = q.size(0), batch = q.size(1), hd = q.size(2);
+  at::Tensor out = at::empty({n_heads, batch, hd}, q.options());
+  if (batch == 0) return out;
+  const int64_t n_kv = keys[0].size(0), group = n_heads / n_kv;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const float* qp = q.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t* q_at = q_pos.data_ptr<int64_t>();
+  std::vector<at::Tensor> kp(batch);
+  for (int64_t b = 0; b < batch; ++b) kp[b] = k_pos[b].contiguous();
+  // Work item i is (request i / n_kv, kv head i % n_kv); items [i0, i1).
+  auto attend = [&](int64_t i0, int64_t i1) {
+    // Scratch reused across calls: visible key rows, scaled q, scores.
+    thread_local std::vector<int64_t> idx;
+    thread_local std::vector<float> qs, s;
+    qs.resize(group * hd);
+    for (int64_t i = i0, b = -1; i < i1; ++i) {
+      const at::Tensor &k = keys[i / n_kv], &v = values[i / n_kv];
+      if (b != i / n_kv) {  // a new request: the keys visible to its query, for every head
+        b = i / n_kv;
+        const int64_t* pos = kp[b].data_ptr<int64_t>();
+        idx.clear();
+        for (int64_t j = 0; j < k.size(1); ++j) {
+          if (pos[j] <= q_at[b]) idx.push_back(j);
+        }
+        s.resize(std::max<int64_t>(1, group * static_cast<int64_t>(idx.size())));
+      }
+      const int64_t g = i % n_kv;
+      AttendKvHead(qp + g * group * q.stride(0) + b * q.stride(1), q.stride(0), group, hd, scale,
+                   k.data_ptr<float>() + g * k.stride(0), k.stride(1),
+                   v.data_ptr<float>() + g * v.stride(0), v.stride(1), idx.data(),
+                   static_cast<int64_t>(idx.size()), qs.data(), s.data(),
+                   op + g * group * out.stride(0) + b * hd, out.stride(0));
+    }
+  };
+  // Split the items into `threads` runs of about equal keys. A thread start
+  // costs tens of microseconds: only for enough work (16 requests x 200
+  // keys x 8 heads is ~0.5 ms a layer on one core).
+  const int64_t items = batch * n_kv;
+  std::vector<int64_t> cum(items + 1, 0);
+  for (int64_t i = 0; i < items; ++i) cum[i + 1] = cum[i] + keys[i / n_kv].size(1) + 16;
+  const int64_t parts =
+      cum[items] * group < kMinKeysPerThread ? 1 : std::min<int64_t>(std::max(threads, 1), items);
+  std::vector<std::thread> helpers;
+  int64_t begin = 0;
+  for (int64_t p = 1; p <= parts; ++p) {
+    const int64_t end = p == parts ? items
+                                   : std::lower_bound(cum.begin(), cum.end(),
+                                                      cum[items] * p / parts) - cum.begin();
+    if (p == parts) {
+      attend(begin, end);  // the last run on this thread
+    } else if (end > begin) {
+      helpers.emplace_back(attend, begin, end);
+    }
+    begin = std::max(begin, end);
+  }
+  for (std::thread& t : helpers) t.join();
+  return out;
+}
+
+}  // namespace infoflow
