@@ -12,7 +12,7 @@
 // no request has run or waited for a whole period. The engine's large
 // buffers live outside the heap, in its buffer pool
 // (engine/model/buffer_pool.h), which the trim does not touch, so the next
-// query finds its buffers resident (docs/DESIGN.md §14); a second trimmer
+// query finds its buffers resident (docs/DESIGN.md §15); a second trimmer
 // with a long period empties the pool through `before_trim`. A server serving
 // back-to-back requests never trims, so their buffers are not faulted in
 // again (page faults are expensive on small VMs; see server/main.cc).

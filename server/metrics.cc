@@ -138,24 +138,32 @@ class LiveCollector : public prometheus::Collectable {
   }
 
  private:
+  // One family of plain samples; a sample whose key is "" has no label, the
+  // others `label`=key.
+  static void AddFamily(std::vector<prometheus::MetricFamily>* out, const char* name,
+                        const char* help, prometheus::MetricType type, const char* label,
+                        std::vector<std::pair<std::string, double>> values) {
+    prometheus::MetricFamily f;
+    f.name = name;
+    f.help = help;
+    f.type = type;
+    for (auto& [key, v] : values) {
+      prometheus::ClientMetric m;
+      if (!key.empty()) m.label.push_back({label, key});
+      if (type == prometheus::MetricType::Counter) m.counter.value = v;
+      else m.gauge.value = v;
+      f.metric.push_back(std::move(m));
+    }
+    out->push_back(std::move(f));
+  }
+
   // The engine's large-buffer pool (engine/model/buffer_pool.h) and the
   // process's resident set: the pool keeps query buffers resident within
-  // --pool-retain-mb, the idle trim returns the rest (docs/DESIGN.md §14).
+  // --pool-retain-mb, the idle trim returns the rest (docs/DESIGN.md §15).
   static void AddBufferPool(std::vector<prometheus::MetricFamily>* out) {
     auto family = [&](const char* name, const char* help, prometheus::MetricType type,
-                      std::vector<std::pair<const char*, double>> values) {
-      prometheus::MetricFamily f;
-      f.name = name;
-      f.help = help;
-      f.type = type;
-      for (auto& [l, v] : values) {
-        prometheus::ClientMetric m;
-        if (l[0] != '\0') m.label.push_back({"state", l});
-        if (type == prometheus::MetricType::Counter) m.counter.value = v;
-        else m.gauge.value = v;
-        f.metric.push_back(std::move(m));
-      }
-      out->push_back(std::move(f));
+                      std::vector<std::pair<std::string, double>> values) {
+      AddFamily(out, name, help, type, "state", std::move(values));
     };
     using T = prometheus::MetricType;
     if (const LargeBufferPool* pool = ActiveBufferPool()) {
@@ -190,20 +198,8 @@ class LiveCollector : public prometheus::Collectable {
   void AddRemote(std::vector<prometheus::MetricFamily>* out) const {
     auto load = [](const auto& a) { return static_cast<double>(a.load(std::memory_order_relaxed)); };
     auto family = [&](const char* name, const char* help, prometheus::MetricType type,
-                      const char* label,
-                      std::vector<std::pair<std::string, double>> values) {
-      prometheus::MetricFamily f;
-      f.name = name;
-      f.help = help;
-      f.type = type;
-      for (auto& [l, v] : values) {
-        prometheus::ClientMetric m;
-        if (!l.empty()) m.label.push_back({label, l});
-        if (type == prometheus::MetricType::Counter) m.counter.value = v;
-        else m.gauge.value = v;
-        f.metric.push_back(std::move(m));
-      }
-      out->push_back(std::move(f));
+                      const char* label, std::vector<std::pair<std::string, double>> values) {
+      AddFamily(out, name, help, type, label, std::move(values));
     };
     using T = prometheus::MetricType;
     family("infoflow_remote_enabled", "1 when the shared tier (--remote-redis) is configured.",

@@ -200,7 +200,7 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
   if (options.idle_trim_ms > 0) {
     // Idle: the heap gives every free page back; the pool's blocks (at most
     // --pool-retain-mb) stay resident, so the next query does not fault its
-    // buffers in again (docs/DESIGN.md §14).
+    // buffers in again (docs/DESIGN.md §15).
     s->trimmer = std::make_unique<IdleTrimmer>(
         [sched] { return sched->idle(); }, [sched] { return sched->admitted(); },
         std::chrono::milliseconds(options.idle_trim_ms));

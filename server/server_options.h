@@ -67,7 +67,7 @@ struct ServerOptions {
   int idle_trim_ms = 1000;
   // The engine's large-buffer pool keeps at most this many MiB of freed query
   // buffers resident for the next query, through idle trims too
-  // (engine/model/buffer_pool.h, docs/DESIGN.md §14); 0 = keep none.
+  // (engine/model/buffer_pool.h, docs/DESIGN.md §15); 0 = keep none.
   int64_t pool_retain_mb = 2048;
   // After this long without a request the pool returns its cached blocks
   // too (the next query then maps and faults its buffers afresh); 0 = never.

@@ -199,7 +199,7 @@ absl::StatusOr<std::shared_ptr<const ChunkKv>> DecodeChunkRecord(
       } else if (owner != nullptr && model.device() == at::kCPU &&
                  reinterpret_cast<uintptr_t>(src) % c10::elementSize(model.dtype()) == 0) {
         // A view of the stored bytes: fetching a chunk copies nothing
-        // (docs/DESIGN.md §14). const_cast: from_blob takes void*, and no
+        // (docs/DESIGN.md §15). const_cast: from_blob takes void*, and no
         // stage writes a ChunkKv's tensors.
         t = at::from_blob(const_cast<char*>(src), {g.n_kv_heads, n, g.head_dim},
                           [owner](void*) {}, opts);

@@ -6,7 +6,7 @@
 // From glibc's heap they are fast while the heap stays resident, but a server
 // must hand memory back when idle, and malloc_trim(0) returns *every* free
 // heap page: the next query then page-faults and zeroes all of it again
-// (measured: +24-62% TTFT through gRPC at 8K, docs/DESIGN.md §14). This pool
+// (measured: +24-62% TTFT through gRPC at 8K, docs/DESIGN.md §15). This pool
 // serves every allocation of at least `min_bytes` from its own anonymous
 // mappings (transparent huge pages where the kernel allows, so a fault costs
 // one 2 MiB page, not 512 small ones), which malloc_trim never touches, and
