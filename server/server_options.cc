@@ -152,7 +152,14 @@ absl::Status Apply(ServerOptions* o, const std::string& name, const std::string&
   else if (name == "kv-codec") o->kv_codec = value;  // checked with the group size below
   else if (name == "kv-group-size") return num(&o->kv_group_size, 1);
   else if (name == "idle-trim-ms") return num(&o->idle_trim_ms, 0);
-  else if (name == "pool-retain-mb") return num(&o->pool_retain_mb, 0);
+  else if (name == "pool-retain-mb") {
+    // At most 1 TiB: the byte count (MiB << 20) must fit size_t.
+    if (absl::Status st = num(&o->pool_retain_mb, 0); !st.ok()) return st;
+    if (o->pool_retain_mb > (int64_t{1} << 20)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--pool-retain-mb: at most 1048576 (1 TiB), got ", value));
+    }
+  }
   else if (name == "pool-idle-release-s") return num(&o->pool_idle_release_s, 0);
   else if (name == "remote-redis") {
     if (!value.empty()) {
