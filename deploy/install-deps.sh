@@ -13,7 +13,7 @@ PKGS=(
   nlohmann-json3-dev libxxhash-dev libre2-dev libssl-dev
   python3 python3-grpcio python3-grpc-tools python3-numpy python3-yaml curl
   clang libclang-rt-14-dev gnuplot-nox
-  redis-server redis-tools libhiredis-dev
+  redis-server redis-tools libhiredis-dev libcpp-httplib-dev
 )
 missing=()
 for p in "${PKGS[@]}"; do

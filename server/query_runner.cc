@@ -210,6 +210,7 @@ absl::StatusOr<std::unique_ptr<PrefilledQuery>> QueryRunner::Prefill(
   DecodeOptions& decode = q->decode;
   decode.sampling = {spec.temperature, spec.top_p, spec.seed};
   decode.max_new_tokens = spec.max_new_tokens;
+  decode.min_new_tokens = spec.min_new_tokens;
   decode.stop_strings = spec.stop;
   for (int64_t id : StopTokenIds(model_->config())) decode.stop_ids.push_back(static_cast<int32_t>(id));
   decode.stop_ids.insert(decode.stop_ids.end(), spec.stop_ids.begin(), spec.stop_ids.end());

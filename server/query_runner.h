@@ -35,6 +35,7 @@ struct QuerySpec {
   float temperature = 0, top_p = 1;
   uint64_t seed = 0;
   int max_new_tokens = 64;
+  int min_new_tokens = 0;  // stop ids masked out before this many tokens
   std::vector<std::string> stop;
   // Text before the chunks (system prompt + chat header); "" = none (then
   // [BOS] precedes the chunks in kBos mode). Special tokens parsed.

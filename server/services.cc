@@ -220,6 +220,11 @@ grpc::Status ToSpec(const ServiceDeps& d, const v1::QueryRequest& req, QuerySpec
                                 o.max_new_tokens, "] (--max-new-tokens)"));
   }
   spec->max_new_tokens = req.max_new_tokens() == 0 ? std::min(64, o.max_new_tokens) : req.max_new_tokens();
+  if (req.min_new_tokens() < 0 || req.min_new_tokens() > spec->max_new_tokens) {
+    return Invalid(absl::StrCat("min_new_tokens: ", req.min_new_tokens(), " outside [0, ",
+                                spec->max_new_tokens, "] (max_new_tokens)"));
+  }
+  spec->min_new_tokens = req.min_new_tokens();
   for (int i = 0; i < req.stop_size(); ++i) {
     if (req.stop(i).empty()) return Invalid(absl::StrCat("stop[", i, "]: empty stop string"));
     spec->stop.push_back(req.stop(i));

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "engine/model/forward.h"
 #include "engine/text/tokenizer.h"
@@ -52,8 +53,17 @@ DecodeState::DecodeState(const DecodeOptions& options, const Tokenizer* tokenize
 DecodeState::~DecodeState() = default;
 
 std::optional<NextToken> DecodeState::Advance(const at::Tensor& logits) {
-  const int32_t id = sampler_.Sample(logits);
   const std::vector<int32_t>& stop_ids = options_.stop_ids;
+  int32_t id;
+  if (generated() < options_.min_new_tokens && !stop_ids.empty()) {
+    at::Tensor masked = logits.reshape({-1}).clone();
+    for (int32_t s : stop_ids) {
+      if (s >= 0 && s < masked.size(0)) masked[s] = -std::numeric_limits<float>::infinity();
+    }
+    id = sampler_.Sample(masked);
+  } else {
+    id = sampler_.Sample(logits);
+  }
   if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) {
     Finish(StopReason::kStopId);
     return std::nullopt;

@@ -31,6 +31,9 @@ class Tokenizer;
 struct DecodeOptions {
   SamplingParams sampling;
   int max_new_tokens = 64;
+  // Before this many tokens the stop ids are masked out of the logits (they
+  // cannot be sampled); stop strings still end generation.
+  int min_new_tokens = 0;
   std::vector<int32_t> stop_ids;          // generation ends after emitting none of these
   std::vector<std::string> stop_strings;  // ends when the text contains one (not emitted)
 };

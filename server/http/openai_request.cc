@@ -312,6 +312,13 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, Endpoint
     return absl::InvalidArgumentError(absl::StrCat(s.message(), " (--max-new-tokens)"));
   }
   if (max_tokens) q.set_max_new_tokens(static_cast<int32_t>(*max_tokens));
+  // vLLM's extension: no stop id before this many tokens (<= max_tokens,
+  // checked by the Query path for both transports).
+  std::optional<int64_t> min_tokens;
+  if (absl::Status s = GetInt(doc, "min_tokens", 0, ctx.max_new_tokens, &min_tokens); !s.ok()) {
+    return s;
+  }
+  if (min_tokens) q.set_min_new_tokens(static_cast<int32_t>(*min_tokens));
   std::optional<double> temperature, top_p;
   if (absl::Status s = GetNumber(doc, "temperature", 0.0, 2.0, &temperature); !s.ok()) return s;
   if (absl::Status s = GetNumber(doc, "top_p", 0.0, 1.0, &top_p); !s.ok()) return s;

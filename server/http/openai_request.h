@@ -9,6 +9,7 @@
 // prompt (a string, or an array of one) or messages, max_tokens (chat also
 // max_completion_tokens), temperature [0, 2] (default 1, as OpenAI),
 // top_p (0, 1], seed, stop (a string or up to 4), n (only 1), stream,
+// min_tokens (vLLM's: no stop id is sampled before that many tokens),
 // stream_options.include_usage; user is ignored; echo, logprobs, best_of > 1,
 // suffix, logit_bias, penalties, tools are refused when set. The extension
 // object "infoflow" gives the rest of QueryRequest:

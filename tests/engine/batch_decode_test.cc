@@ -354,5 +354,33 @@ TEST_P(BatchDecode, DecodeStateBatchedEqualsDecodeAlone) {
 
 INSTANTIATE_TEST_SUITE_P(Models, BatchDecode, ::testing::Values("llama", "qwen3", "glm4"));
 
+// min_new_tokens masks the stop ids until that many tokens: the next best
+// token is sampled instead (greedy here), and afterwards the stop id ends
+// generation as usual. Stop ids outside the vocabulary are ignored.
+TEST(DecodeStateMinTokens, StopIdsAreMaskedUntilMinNewTokens) {
+  at::Tensor logits = at::zeros({8});
+  logits[5] = 3.0;  // the stop id: the argmax
+  logits[3] = 2.0;  // next best
+  DecodeOptions options;
+  options.max_new_tokens = 10;
+  options.stop_ids = {5, 99};
+  DecodeState plain(options, nullptr, 0, 0, nullptr);
+  EXPECT_FALSE(plain.Advance(logits).has_value());
+  EXPECT_EQ(plain.result().stop_reason, StopReason::kStopId);
+  EXPECT_TRUE(plain.result().ids.empty());
+
+  options.min_new_tokens = 2;
+  DecodeState held(options, nullptr, 0, 0, nullptr);
+  for (int i = 0; i < 2; ++i) {
+    std::optional<NextToken> next = held.Advance(logits);
+    ASSERT_TRUE(next.has_value()) << i;
+    EXPECT_EQ(next->id, 3);
+  }
+  EXPECT_FALSE(held.Advance(logits).has_value());
+  EXPECT_EQ(held.result().stop_reason, StopReason::kStopId);
+  EXPECT_EQ(held.result().ids, (std::vector<int32_t>{3, 3}));
+  EXPECT_EQ(logits[5].item<float>(), 3.0f);  // the caller's logits are not modified
+}
+
 }  // namespace
 }  // namespace infoflow

@@ -235,12 +235,15 @@ class ServerTest : public ::testing::Test {
       int queue_depth, grpc::ClientContext* ctx, std::vector<std::string>* keys) {
     h_.options.workers = 1;
     h_.options.queue_depth = queue_depth;
-    h_.options.max_new_tokens = 3000;
+    h_.options.max_new_tokens = 3900;  // the test model has 4096 positions
     h_.Start();
     if (h_.query == nullptr) return nullptr;  // Start failed (fatally, for the caller)
     *keys = IngestKeys();
     v1::QueryRequest longq = QueryByKeys(*keys, v1::METHOD_NONE);
-    longq.set_max_new_tokens(3000);
+    longq.set_max_new_tokens(3900);
+    // No stop id can end it early: it holds the slot until cancelled (or,
+    // on a very slow box, until 3900 tokens).
+    longq.set_min_new_tokens(3900);
     longq.mutable_sampling()->set_temperature(1.0);
     auto reader = h_.query->Query(ctx, longq);
     v1::QueryResponse msg;
@@ -651,6 +654,11 @@ TEST_F(ServerTest, BadInputsGetTheirStatusAndServerStaysUsable) {
       {"ratio < 0", [](v1::QueryRequest* r) { r->mutable_ratio()->set_value(-0.1); }, grpc::INVALID_ARGUMENT, "ratio"},
       {"max_new_tokens over limit", [](v1::QueryRequest* r) { r->set_max_new_tokens(100000); },
        grpc::INVALID_ARGUMENT, "max_new_tokens"},
+      {"min_new_tokens over max_new_tokens",
+       [](v1::QueryRequest* r) { r->set_max_new_tokens(8); r->set_min_new_tokens(9); },
+       grpc::INVALID_ARGUMENT, "min_new_tokens"},
+      {"negative min_new_tokens", [](v1::QueryRequest* r) { r->set_min_new_tokens(-1); },
+       grpc::INVALID_ARGUMENT, "min_new_tokens"},
       {"unknown method", [](v1::QueryRequest* r) { r->set_method(static_cast<v1::Method>(42)); },
        grpc::INVALID_ARGUMENT, "method"},
       {"bad scoring layer", [](v1::QueryRequest* r) { r->add_scoring_layers(99); },
@@ -901,8 +909,8 @@ TEST_F(ServerTest, BusyServerAnswersResourceExhausted) {
   while (reader->Read(&msg)) {
   }
   reader->Finish();
-  // The long query may have ended by itself (EOS) before the second call.
-  if (refused.status.ok()) GTEST_SKIP() << "long query finished early (sampled EOS)";
+  // Only a box that generates 3900 tokens before the second call frees the slot.
+  if (refused.status.ok()) GTEST_SKIP() << "long query ran all 3900 tokens before the second call";
   EXPECT_EQ(refused.status.error_code(), grpc::RESOURCE_EXHAUSTED);
   EXPECT_NE(refused.status.error_message().find("queue"), std::string::npos);
   // The cancelled query frees its worker once its token callback sees the
@@ -1058,8 +1066,8 @@ TEST_F(ServerTest, QueuedQueriesRunInArrivalOrderAfterACancel) {
   }
   const grpc::Status st = reader->Finish();
   for (auto& t : waiting) t.join();
-  // A sampled EOS can end the long query (and free the slot) early.
-  if (st.ok()) GTEST_SKIP() << "long query finished early (sampled EOS)";
+  // min_new_tokens keeps EOS out; only all 3900 tokens end it first.
+  if (st.ok()) GTEST_SKIP() << "long query ran all 3900 tokens before the cancel";
   EXPECT_FALSE(ran_while_held) << "a queued query ran while the slot was held";
   EXPECT_EQ(st.error_code(), grpc::CANCELLED);
   EXPECT_EQ(finished, (std::vector<int>{0, 1, 2, 3}));
