@@ -2690,6 +2690,7 @@ Value FromJson(const Json& j, int depth) {
 }  // namespace
 
 ChatTemplate::ChatTemplate(std::shared_ptr<const Program> program) : program_(std::move(program)) {}
+ChatTemplate::ChatTemplate() : program_(std::make_shared<const Program>()) {}
 ChatTemplate::ChatTemplate(ChatTemplate&&) noexcept = default;
 ChatTemplate& ChatTemplate::operator=(ChatTemplate&&) noexcept = default;
 ChatTemplate::ChatTemplate(const ChatTemplate&) = default;

@@ -78,6 +78,7 @@ class ChatTemplate {
   // limit reached); `variables` not an object is InvalidArgument too.
   absl::StatusOr<std::string> Render(const nlohmann::json& variables) const;
 
+  ChatTemplate();  // the empty template: renders ""
   ChatTemplate(ChatTemplate&&) noexcept;
   ChatTemplate& operator=(ChatTemplate&&) noexcept;
   ChatTemplate(const ChatTemplate&);

@@ -6,11 +6,15 @@
 // chat_template_vs_hf_jinja re-runs that reference and compares again).
 #include "engine/text/chat_template.h"
 
+#include <filesystem>
+
 #include <cstdlib>
+#include <unistd.h>
 #include <fstream>
 #include <sstream>
 #include <string>
 
+#include "engine/text/model_chat_template.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
@@ -336,6 +340,124 @@ TEST(ChatTemplate, RealTemplatesMatchHuggingFaceJinja) {
     ++compared;
   }
   EXPECT_EQ(compared, 84);
+}
+
+
+// tokenizer_config.json's forms: a string, the list of named templates,
+// AddedToken objects for the special tokens; chat_template.jinja wins.
+TEST(ModelChatTemplate, ReadsTokenizerConfigForms) {
+  auto t = ModelChatTemplateFromFiles(
+      R"({"chat_template": "{{ bos_token }}x", "bos_token": "<s>", "eos_token": "</s>",
+          "add_bos_token": true})",
+      std::nullopt);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE(t->has_value());
+  EXPECT_EQ((*t)->source, "{{ bos_token }}x");
+  EXPECT_EQ((*t)->origin, "tokenizer_config.json");
+  EXPECT_EQ((*t)->bos_token, "<s>");
+  EXPECT_EQ((*t)->eos_token, "</s>");
+  EXPECT_TRUE((*t)->add_bos_token);
+
+  t = ModelChatTemplateFromFiles(
+      R"({"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}],
+          "bos_token": {"__type": "AddedToken", "content": "<|b|>"}, "eos_token": null})",
+      std::nullopt);
+  ASSERT_TRUE(t.ok() && t->has_value()) << t.status();
+  EXPECT_EQ((*t)->source, "D");
+  EXPECT_EQ((*t)->bos_token, "<|b|>");
+  EXPECT_EQ((*t)->eos_token, "");
+  EXPECT_FALSE((*t)->add_bos_token);
+
+  t = ModelChatTemplateFromFiles(R"({"chat_template": "from config"})", "from jinja file");
+  ASSERT_TRUE(t.ok() && t->has_value());
+  EXPECT_EQ((*t)->source, "from jinja file");
+  EXPECT_EQ((*t)->origin, "chat_template.jinja");
+
+  t = ModelChatTemplateFromFiles(R"({"bos_token": "<s>"})", std::nullopt);
+  ASSERT_TRUE(t.ok());
+  EXPECT_FALSE(t->has_value());
+  t = ModelChatTemplateFromFiles("", std::nullopt);
+  ASSERT_TRUE(t.ok());
+  EXPECT_FALSE(t->has_value());
+}
+
+TEST(ModelChatTemplate, RefusesMalformedConfigsNamingTheFile) {
+  auto msg = [](std::string_view cfg, std::optional<std::string_view> jinja = std::nullopt) {
+    auto t = ModelChatTemplateFromFiles(cfg, jinja);
+    return t.ok() ? std::string("ok") : std::string(t.status().message());
+  };
+  EXPECT_EQ(msg("{not json"), "tokenizer_config.json: not a JSON object");
+  EXPECT_EQ(msg(R"({"chat_template": 3})"),
+            "tokenizer_config.json: chat_template must be a string or a list of {name, template}");
+  EXPECT_NE(msg(R"({"chat_template": [{"name": "x", "template": "y"}]})").find("\"default\""),
+            std::string::npos);
+  EXPECT_EQ(msg(R"({"add_bos_token": "yes", "chat_template": "x"})"),
+            "tokenizer_config.json: add_bos_token must be a boolean");
+  EXPECT_EQ(msg(R"({"chat_template": "{% if x %}"})"),
+            "tokenizer_config.json: chat template 1:4: block not closed: missing 'endif'");
+  EXPECT_EQ(msg("", "{{ 1 + }}"), "chat_template.jinja: chat template 1:8: unexpected end of tag");
+}
+
+TEST(ModelChatTemplate, LoadsFromAModelDirectory) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("chat_template_test_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer_config.json") << R"({"chat_template": "A{{ messages[0].content }}"})";
+  auto t = LoadModelChatTemplate(dir.string());
+  ASSERT_TRUE(t.ok() && t->has_value()) << t.status();
+  EXPECT_EQ((*t)->source, "A{{ messages[0].content }}");
+  std::filesystem::remove_all(dir);
+  t = LoadModelChatTemplate(dir.string());  // no files: no template, no error
+  ASSERT_TRUE(t.ok());
+  EXPECT_FALSE(t->has_value());
+}
+
+ModelChatTemplate FromSource(const std::string& source, const std::string& bos = "",
+                             bool add_bos = false) {
+  ModelChatTemplate t;
+  t.source = source;
+  t.origin = "test";
+  t.compiled = *ChatTemplate::Parse(source);
+  t.bos_token = bos;
+  t.add_bos_token = add_bos;
+  return t;
+}
+
+TEST(ModelChatTemplate, FramesTheLastMessage) {
+  const std::string llama3 = ReadFile(std::string(INFOFLOW_SOURCE_DIR) +
+                                      "/tests/data/chat_templates/llama3.jinja");
+  const ModelChatTemplate t = FromSource(llama3, "<|begin_of_text|>", false);
+  auto f = FrameLastTurn(t, {{"system", "S"}, {"user", "  padded content \n"}});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->head,
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\n");
+  EXPECT_EQ(f->content, "padded content");  // as the template printed it: trimmed
+  EXPECT_EQ(f->tail, "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+  // The template writes the BOS: add_bos_token does not double it.
+  f = FrameLastTurn(FromSource(llama3, "<|begin_of_text|>", true), {{"user", "x"}});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->head.find("<|begin_of_text|><|begin_of_text|>"), std::string::npos);
+  EXPECT_EQ(f->head.rfind("<|begin_of_text|>", 0), 0u);
+
+  // Content printed twice, transformed, or a template failing: errors.
+  EXPECT_FALSE(FrameLastTurn(FromSource("{{ messages[-1].content ~ messages[-1].content }}"),
+                             {{"user", "x"}})
+                   .ok());
+  EXPECT_FALSE(FrameLastTurn(FromSource("{{ messages[-1].content|upper }}"), {{"user", "x"}}).ok());
+  auto bad = FrameLastTurn(FromSource("{{ raise_exception('only one') }}"), {{"user", "x"}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(), "chat template 1:4: raised: only one");
+  // Whatever the template does around the content, head + content + tail is
+  // exactly its rendering: text it adds because of the content counts as
+  // content.
+  f = FrameLastTurn(
+      FromSource("{% if 'x' in messages[-1].content %}A{% endif %}{{ messages[-1].content }}!"),
+      {{"user", "x"}});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->head, "");
+  EXPECT_EQ(f->content, "Ax");
+  EXPECT_EQ(f->tail, "!");
 }
 
 }  // namespace
