@@ -78,6 +78,7 @@ struct Value {
   std::shared_ptr<Dict> dict;            // kDict (never changed after creation), kNamespace
   const Stmt* macro = nullptr;           // kMacro
   std::string_view builtin;              // kBuiltin
+  int nest = 0;  // lists / dicts inside lists / dicts (bounds recursion over values)
 
   static Value Undefined(std::string name = "") {
     Value v;
@@ -107,11 +108,13 @@ struct Value {
   }
   static Value Lst(List x) {
     Value v = Of(Kind::kList);
+    for (const Value& item : x) v.nest = std::max(v.nest, item.nest + 1);
     v.list = std::make_shared<const List>(std::move(x));
     return v;
   }
   static Value Dct(Dict x, Kind k = Kind::kDict) {
     Value v = Of(k);
+    for (const auto& kv : x.items) v.nest = std::max(v.nest, kv.second.nest + 1);
     v.dict = std::make_shared<Dict>(std::move(x));
     return v;
   }
@@ -534,6 +537,7 @@ struct Expr {
   };
   K k = K::kLiteral;
   Pos pos;
+  int depth = 1;  // of the tree below, this node included (Parser::Done)
   Value literal;
   std::string name;
   bool negate = false;
@@ -791,6 +795,22 @@ class Parser {
     return t.type == Tok::kString ? "string literal" : t.text;
   }
 
+  // Sets e's depth from its children's; chains such as a+b+c+... or
+  // x|f|g|... deepen the tree without deepening the parser's recursion, so
+  // the depth is checked here (evaluating and freeing the tree recurse).
+  void Done(Expr* e) {
+    int d = 0;
+    for (const auto& a : e->args) {
+      if (a != nullptr) d = std::max(d, a->depth);
+    }
+    for (const auto& kv : e->kwargs) d = std::max(d, kv.second->depth);
+    e->depth = d + 1;
+    if (e->depth > 2 * limits_.max_nesting) {
+      Fail(e->pos, absl::StrCat("expression nested deeper than ", 2 * limits_.max_nesting,
+                                " levels"));
+    }
+  }
+
   ExprPtr Make(Expr::K k, Pos pos) {
     auto e = std::make_unique<Expr>();
     e->k = k;
@@ -806,6 +826,7 @@ class Parser {
     ExprPtr list = Make(Expr::K::kList, pos);
     list->args.push_back(std::move(first));
     while (AcceptOp(",")) list->args.push_back(ParseExpr());
+    Done(list.get());
     return list;
   }
 
@@ -821,6 +842,7 @@ class Parser {
       c->args.push_back(std::move(e));
       c->args.push_back(std::move(cond));
       c->args.push_back(std::move(other));
+      Done(c.get());
       e = std::move(c);
     }
     return e;
@@ -831,6 +853,7 @@ class Parser {
     e->name = std::move(op);
     e->args.push_back(std::move(a));
     e->args.push_back(std::move(b));
+    Done(e.get());
     return e;
   }
 
@@ -860,6 +883,7 @@ class Parser {
       ExprPtr e = Make(Expr::K::kNot, Peek().pos);
       ++tok_;
       e->args.push_back(ParseNot());
+      Done(e.get());
       return e;
     }
     return ParseCompare();
@@ -933,6 +957,7 @@ class Parser {
       if (t.text == "-") {
         e = Make(Expr::K::kNeg, t.pos);
         e->args.push_back(std::move(operand));
+        Done(e.get());
       } else {
         e = std::move(operand);
       }
@@ -988,6 +1013,7 @@ class Parser {
             list->args.push_back(ParseExpr());
           }
           if (!AcceptOp(")")) Fail(Peek().pos, "expected ')'");
+          Done(list.get());
           return list;
         }
         if (t.text == "[") {
@@ -998,6 +1024,7 @@ class Parser {
             if (!AcceptOp(",")) break;
           }
           if (!AcceptOp("]")) Fail(Peek().pos, "expected ']'");
+          Done(list.get());
           return list;
         }
         if (t.text == "{") {
@@ -1010,6 +1037,7 @@ class Parser {
             if (!AcceptOp(",")) break;
           }
           if (!AcceptOp("}")) Fail(Peek().pos, "expected '}'");
+          Done(dict.get());
           return dict;
         }
         break;
@@ -1035,6 +1063,7 @@ class Parser {
           a->name = ExpectName();
           a->args.push_back(std::move(e));
         }
+        Done(a.get());
         e = std::move(a);
       } else if (AcceptOp("[")) {
         ExprPtr parts[3];
@@ -1056,11 +1085,13 @@ class Parser {
           s->args.push_back(std::move(parts[1]));
           s->args.push_back(std::move(parts[2]));
         }
+        Done(s.get());
         e = std::move(s);
       } else if (IsOp("(")) {
         ExprPtr c = Make(Expr::K::kCall, e->pos);  // errors point at the callee
         c->args.push_back(std::move(e));
         ParseArgs(c.get());
+        Done(c.get());
         e = std::move(c);
       } else {
         return e;
@@ -1093,6 +1124,7 @@ class Parser {
         f->name = ExpectName();
         f->args.push_back(std::move(e));
         if (IsOp("(")) ParseArgs(f.get());
+        Done(f.get());
         e = std::move(f);
       } else if (AcceptName("is")) {
         ExprPtr t = Make(Expr::K::kTest, pos);
@@ -1108,6 +1140,7 @@ class Parser {
                      IsName("not") || IsName("in") || IsName("is"))) {
           t->args.push_back(ParsePostfix(ParsePrimary()));  // "is divisibleby 3"
         }
+        Done(t.get());
         e = std::move(t);
       } else {
         return e;
@@ -1544,6 +1577,11 @@ class Renderer {
             Fail(st.pos, absl::StrCat("cannot set an attribute of '", st.targets[0],
                                       "': it is not a namespace()"));
           }
+          // No namespace inside a namespace: lists and dicts are immutable,
+          // so values can only form a cycle through one.
+          if (HoldsNamespace(v, 0)) {
+            Fail(st.pos, "a namespace() attribute cannot hold a namespace");
+          }
           ns.dict->Set(st.targets[1], std::move(v));
         } else {
           AssignTargets(st.targets, std::move(v), st.pos);
@@ -1565,6 +1603,22 @@ class Renderer {
       case Stmt::K::kContinue: return Flow::kContinue;
     }
     return Flow::kNormal;
+  }
+
+  static bool HoldsNamespace(const Value& v, int depth) {
+    if (v.kind == Kind::kNamespace) return true;
+    if (depth > 70) return false;  // deeper values are refused by Eval
+    if (v.kind == Kind::kList) {
+      for (const Value& x : *v.list) {
+        if (HoldsNamespace(x, depth + 1)) return true;
+      }
+    }
+    if (v.kind == Kind::kDict) {
+      for (const auto& kv : v.dict->items) {
+        if (HoldsNamespace(kv.second, depth + 1)) return true;
+      }
+    }
+    return false;
   }
 
   void AssignTargets(const std::vector<std::string>& targets, Value v, Pos pos) {
@@ -1661,7 +1715,15 @@ class Renderer {
 
   // --- expressions ---
 
+  // Every value an expression yields is at most 64 levels deep, so printing,
+  // comparing and freeing values cannot exhaust the stack.
   Value Eval(const Expr& e) {
+    Value v = EvalNode(e);
+    if (v.nest > 64) Fail(e.pos, "value nested deeper than 64 levels");
+    return v;
+  }
+
+  Value EvalNode(const Expr& e) {
     Step(e.pos);
     switch (e.k) {
       case Expr::K::kLiteral: return e.literal;

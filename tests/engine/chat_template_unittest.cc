@@ -282,6 +282,20 @@ TEST(ChatTemplate, Limits) {
   std::string blocks;
   for (int i = 0; i < 100; ++i) blocks += "{% if true %}";
   EXPECT_NE(R(blocks).find("nested deeper than 64 levels"), std::string::npos);
+  // Long chains (a+a+..., x|f|f|..., a.b.c...) are trees as deep as they are
+  // long: refused at parse time too.
+  std::string chain = "{{ 1";
+  for (int i = 0; i < 100000; ++i) chain += "+1";
+  EXPECT_NE(R(chain + " }}").find("expression nested deeper than 128 levels"), std::string::npos);
+  std::string filters = "{{ 'x'";
+  for (int i = 0; i < 1000; ++i) filters += "|trim";
+  EXPECT_NE(R(filters + " }}").find("expression nested deeper"), std::string::npos);
+  std::string sum = "{{ 0";
+  for (int i = 0; i < 100; ++i) sum += "+1";
+  EXPECT_EQ(R(sum + " }}"), "100");
+  // A namespace cannot be put inside one (no reference cycles).
+  EXPECT_EQ(R("{% set ns = namespace(a=1) %}{% set ns.self = [ns] %}"),
+            "ERROR: chat template 1:33: a namespace() attribute cannot hold a namespace");
   // Loops run out of steps.
   EXPECT_NE(R("{% for a in range(10000) %}{% for b in range(10000) %}{% endfor %}{% endfor %}")
                 .find("evaluation steps"),
