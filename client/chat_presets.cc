@@ -30,7 +30,8 @@ std::optional<ChatPreset> FindChatPreset(const std::string& name, const std::str
   return std::nullopt;
 }
 
-absl::StatusOr<ChatPreset> ChatPresetForModel(const ModelChatInfo& model, const std::string& system) {
+absl::StatusOr<ChatPreset> ChatPresetForModel(const ModelChatInfo& model,
+                                              const std::string& system) {
   constexpr char kQuestion[] = "\n\nQuestion: {question}";
   if (!model.chat_template.empty()) {
     absl::StatusOr<ChatTemplate> compiled = ChatTemplate::Parse(model.chat_template);

@@ -67,7 +67,8 @@ struct ModelChatInfo {
 // `model_type` (qwen2, qwen3 -> qwen; llama -> llama3; mistral, mixtral ->
 // mistral; glm, glm4 -> glm4). InvalidArgument when the template fails or
 // neither applies.
-absl::StatusOr<ChatPreset> ChatPresetForModel(const ModelChatInfo& model, const std::string& system);
+absl::StatusOr<ChatPreset> ChatPresetForModel(const ModelChatInfo& model,
+                                              const std::string& system);
 
 }  // namespace infoflow::cli
 

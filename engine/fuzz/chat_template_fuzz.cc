@@ -32,15 +32,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.max_built_bytes = 8 << 20;
   absl::StatusOr<infoflow::ChatTemplate> t = infoflow::ChatTemplate::Parse(source, limits);
   if (!t.ok()) return 0;
-  nlohmann::json vars = {
-      {"messages",
-       {{{"role", "system"}, {"content", "S"}},
-        {{"role", "user"}, {"content", " u1 "}},
-        {{"role", "assistant"}, {"content", "<think>r</think>a1"}},
-        {{"role", "user"}, {"content", "h # # c # # q"}}}},
-      {"add_generation_prompt", true},
-      {"bos_token", "<s>"},
-      {"eos_token", "</s>"}};
+  nlohmann::json vars = {{"messages",
+                          {{{"role", "system"}, {"content", "S"}},
+                           {{"role", "user"}, {"content", " u1 "}},
+                           {{"role", "assistant"}, {"content", "<think>r</think>a1"}},
+                           {{"role", "user"}, {"content", "h # # c # # q"}}}},
+                         {"add_generation_prompt", true},
+                         {"bos_token", "<s>"},
+                         {"eos_token", "</s>"}};
   if (mark != std::string_view::npos) {
     nlohmann::json parsed = nlohmann::json::parse(input.substr(mark + kVarsMark.size()), nullptr,
                                                   /*allow_exceptions=*/false);

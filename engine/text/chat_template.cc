@@ -4,8 +4,8 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <limits>
 #include <optional>
@@ -125,7 +125,9 @@ struct Value {
   }
 
   const std::string& str() const { return *s; }
-  bool is_number() const { return kind == Kind::kInt || kind == Kind::kFloat || kind == Kind::kBool; }
+  bool is_number() const {
+    return kind == Kind::kInt || kind == Kind::kFloat || kind == Kind::kBool;
+  }
   double number() const {
     return kind == Kind::kFloat ? f : static_cast<double>(kind == Kind::kBool ? b : i);
   }
@@ -150,17 +152,28 @@ void Dict::Set(const std::string& key, Value v) {
 
 const char* KindName(Kind k) {
   switch (k) {
-    case Kind::kUndefined: return "undefined";
-    case Kind::kNone: return "none";
-    case Kind::kBool: return "bool";
-    case Kind::kInt: return "int";
-    case Kind::kFloat: return "float";
-    case Kind::kString: return "string";
-    case Kind::kList: return "list";
-    case Kind::kDict: return "dict";
-    case Kind::kNamespace: return "namespace";
-    case Kind::kMacro: return "macro";
-    case Kind::kBuiltin: return "function";
+    case Kind::kUndefined:
+      return "undefined";
+    case Kind::kNone:
+      return "none";
+    case Kind::kBool:
+      return "bool";
+    case Kind::kInt:
+      return "int";
+    case Kind::kFloat:
+      return "float";
+    case Kind::kString:
+      return "string";
+    case Kind::kList:
+      return "list";
+    case Kind::kDict:
+      return "dict";
+    case Kind::kNamespace:
+      return "namespace";
+    case Kind::kMacro:
+      return "macro";
+    case Kind::kBuiltin:
+      return "function";
   }
   return "?";
 }
@@ -168,14 +181,22 @@ const char* KindName(Kind k) {
 bool Truthy(const Value& v) {
   switch (v.kind) {
     case Kind::kUndefined:
-    case Kind::kNone: return false;
-    case Kind::kBool: return v.b;
-    case Kind::kInt: return v.i != 0;
-    case Kind::kFloat: return v.f != 0;
-    case Kind::kString: return !v.s->empty();
-    case Kind::kList: return !v.list->empty();
-    case Kind::kDict: return !v.dict->items.empty();
-    default: return true;
+    case Kind::kNone:
+      return false;
+    case Kind::kBool:
+      return v.b;
+    case Kind::kInt:
+      return v.i != 0;
+    case Kind::kFloat:
+      return v.f != 0;
+    case Kind::kString:
+      return !v.s->empty();
+    case Kind::kList:
+      return !v.list->empty();
+    case Kind::kDict:
+      return !v.dict->items.empty();
+    default:
+      return true;
   }
 }
 
@@ -191,7 +212,9 @@ std::vector<size_t> CodePointOffsets(const std::string& s) {
   return at;
 }
 
-bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+bool IsSpace(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
 
 // ---------------------------------------------------------------------------
 // Lexer: the source becomes segments (text, {{ }}, {% %}), each tag's inside
@@ -339,8 +362,8 @@ class Lexer {
       std::string digits;
       bool is_float = false;
       auto take_digits = [&] {
-        while (j < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[j])) ||
-                                   src_[j] == '_')) {
+        while (j < src_.size() &&
+               (std::isdigit(static_cast<unsigned char>(src_[j])) || src_[j] == '_')) {
           if (src_[j] != '_') digits += src_[j];
           ++j;
         }
@@ -393,18 +416,41 @@ class Lexer {
         const char e = src_[j + 1];
         j += 2;
         switch (e) {
-          case 'n': t.text += '\n'; break;
-          case 't': t.text += '\t'; break;
-          case 'r': t.text += '\r'; break;
-          case '\\': t.text += '\\'; break;
-          case '\'': t.text += '\''; break;
-          case '"': t.text += '"'; break;
-          case '0': t.text += '\0'; break;
-          case 'a': t.text += '\a'; break;
-          case 'b': t.text += '\b'; break;
-          case 'f': t.text += '\f'; break;
-          case 'v': t.text += '\v'; break;
-          case '\n': break;  // line continuation
+          case 'n':
+            t.text += '\n';
+            break;
+          case 't':
+            t.text += '\t';
+            break;
+          case 'r':
+            t.text += '\r';
+            break;
+          case '\\':
+            t.text += '\\';
+            break;
+          case '\'':
+            t.text += '\'';
+            break;
+          case '"':
+            t.text += '"';
+            break;
+          case '0':
+            t.text += '\0';
+            break;
+          case 'a':
+            t.text += '\a';
+            break;
+          case 'b':
+            t.text += '\b';
+            break;
+          case 'f':
+            t.text += '\f';
+            break;
+          case 'v':
+            t.text += '\v';
+            break;
+          case '\n':
+            break;  // line continuation
           case 'x':
           case 'u':
           case 'U': {
@@ -435,9 +481,9 @@ class Lexer {
       *at = j + 1;
       return t;
     }
-    static const char* kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/",
-                                 "%",  "~",  "|",  ".",  ",",  ":",  "(", ")", "[", "]",
-                                 "{",  "}",  "<",  ">",  "="};
+    static const char* kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*",
+                                 "/",  "%",  "~",  "|",  ".",  ",",  ":", "(", ")",
+                                 "[",  "]",  "{",  "}",  "<",  ">",  "="};
     for (const char* op : kOps) {
       const size_t n = std::char_traits<char>::length(op);
       if (src_.compare(i, n, op) == 0) {
@@ -521,11 +567,11 @@ struct Expr {
     kLiteral,
     kName,
     kList,
-    kDict,  // args: key, value, key, value, ...
-    kAttr,  // args[0] . name
-    kIndex,  // args[0] [ args[1] ]
-    kSlice,  // args[0] [ args[1] : args[2] : args[3] ] (null parts)
-    kCall,   // args[0] ( args[1..], kwargs )
+    kDict,    // args: key, value, key, value, ...
+    kAttr,    // args[0] . name
+    kIndex,   // args[0] [ args[1] ]
+    kSlice,   // args[0] [ args[1] : args[2] : args[3] ] (null parts)
+    kCall,    // args[0] ( args[1..], kwargs )
     kFilter,  // args[0] | name ( args[1..], kwargs )
     kTest,    // args[0] is [not] name ( args[1..] )
     kNeg,
@@ -552,16 +598,16 @@ struct Stmt {
   enum class K : uint8_t { kText, kOutput, kIf, kFor, kSet, kSetBlock, kMacro, kBreak, kContinue };
   K k = K::kText;
   Pos pos;
-  std::string text;       // kText
-  ExprPtr expr;           // kOutput, kSet value, kFor iterable
-  ExprPtr filter;         // kFor: "if" clause
+  std::string text;                                // kText
+  ExprPtr expr;                                    // kOutput, kSet value, kFor iterable
+  ExprPtr filter;                                  // kFor: "if" clause
   std::vector<std::pair<ExprPtr, Body>> branches;  // kIf
-  Body body, else_body;   // kFor, kSetBlock, kMacro; else: kIf, kFor
+  Body body, else_body;                            // kFor, kSetBlock, kMacro; else: kIf, kFor
   std::vector<std::string> targets;  // kFor, kSet, kSetBlock names; kSet attr: {ns, attr}
   bool attr_target = false;
-  std::string name;                  // kMacro
-  std::vector<std::string> params;   // kMacro
-  std::vector<ExprPtr> defaults;     // kMacro, parallel to params (null = none)
+  std::string name;                 // kMacro
+  std::vector<std::string> params;  // kMacro
+  std::vector<ExprPtr> defaults;    // kMacro, parallel to params (null = none)
 };
 
 // ---------------------------------------------------------------------------
@@ -806,8 +852,8 @@ class Parser {
     for (const auto& kv : e->kwargs) d = std::max(d, kv.second->depth);
     e->depth = d + 1;
     if (e->depth > 2 * limits_.max_nesting) {
-      Fail(e->pos, absl::StrCat("expression nested deeper than ", 2 * limits_.max_nesting,
-                                " levels"));
+      Fail(e->pos,
+           absl::StrCat("expression nested deeper than ", 2 * limits_.max_nesting, " levels"));
     }
   }
 
@@ -895,8 +941,8 @@ class Parser {
       const Pos pos = Peek().pos;
       std::string op;
       if (Peek().type == Tok::kOp &&
-          (Peek().text == "==" || Peek().text == "!=" || Peek().text == "<" ||
-           Peek().text == ">" || Peek().text == "<=" || Peek().text == ">=")) {
+          (Peek().text == "==" || Peek().text == "!=" || Peek().text == "<" || Peek().text == ">" ||
+           Peek().text == "<=" || Peek().text == ">=")) {
         op = Peek().text;
         ++tok_;
       } else if (IsName("in")) {
@@ -1214,9 +1260,13 @@ void CheckDepth(int depth, Pos pos) {
 
 void AppendStr(const Value& v, std::string* out, int depth, Pos pos) {
   switch (v.kind) {
-    case Kind::kUndefined: return;
-    case Kind::kString: *out += v.str(); return;
-    default: AppendRepr(v, out, depth, pos);
+    case Kind::kUndefined:
+      return;
+    case Kind::kString:
+      *out += v.str();
+      return;
+    default:
+      AppendRepr(v, out, depth, pos);
   }
 }
 
@@ -1249,12 +1299,23 @@ void AppendStringRepr(const std::string& s, std::string* out) {
 void AppendRepr(const Value& v, std::string* out, int depth, Pos pos) {
   CheckDepth(depth, pos);
   switch (v.kind) {
-    case Kind::kUndefined: return;
-    case Kind::kNone: *out += "None"; return;
-    case Kind::kBool: *out += v.b ? "True" : "False"; return;
-    case Kind::kInt: *out += std::to_string(v.i); return;
-    case Kind::kFloat: *out += FloatRepr(v.f); return;
-    case Kind::kString: AppendStringRepr(v.str(), out); return;
+    case Kind::kUndefined:
+      return;
+    case Kind::kNone:
+      *out += "None";
+      return;
+    case Kind::kBool:
+      *out += v.b ? "True" : "False";
+      return;
+    case Kind::kInt:
+      *out += std::to_string(v.i);
+      return;
+    case Kind::kFloat:
+      *out += FloatRepr(v.f);
+      return;
+    case Kind::kString:
+      AppendStringRepr(v.str(), out);
+      return;
     case Kind::kList: {
       *out += '[';
       for (size_t k = 0; k < v.list->size(); ++k) {
@@ -1280,8 +1341,12 @@ void AppendRepr(const Value& v, std::string* out, int depth, Pos pos) {
       if (v.kind == Kind::kNamespace) *out += '>';
       return;
     }
-    case Kind::kMacro: *out += "<macro>"; return;
-    case Kind::kBuiltin: *out += "<function>"; return;
+    case Kind::kMacro:
+      *out += "<macro>";
+      return;
+    case Kind::kBuiltin:
+      *out += "<function>";
+      return;
   }
 }
 
@@ -1303,14 +1368,29 @@ void AppendJsonString(const std::string& s, bool ensure_ascii, std::string* out)
   for (size_t k = 0; k < s.size(); ++k) {
     const unsigned char u = static_cast<unsigned char>(s[k]);
     switch (u) {
-      case '"': *out += "\\\""; continue;
-      case '\\': *out += "\\\\"; continue;
-      case '\n': *out += "\\n"; continue;
-      case '\r': *out += "\\r"; continue;
-      case '\t': *out += "\\t"; continue;
-      case '\b': *out += "\\b"; continue;
-      case '\f': *out += "\\f"; continue;
-      default: break;
+      case '"':
+        *out += "\\\"";
+        continue;
+      case '\\':
+        *out += "\\\\";
+        continue;
+      case '\n':
+        *out += "\\n";
+        continue;
+      case '\r':
+        *out += "\\r";
+        continue;
+      case '\t':
+        *out += "\\t";
+        continue;
+      case '\b':
+        *out += "\\b";
+        continue;
+      case '\f':
+        *out += "\\f";
+        continue;
+      default:
+        break;
     }
     if (u < 0x20) {
       char b[8];
@@ -1348,14 +1428,22 @@ void AppendJson(const Value& v, const JsonOptions& o, int depth, std::string* ou
   };
   switch (v.kind) {
     case Kind::kUndefined:
-    case Kind::kNone: *out += "null"; return;
-    case Kind::kBool: *out += v.b ? "true" : "false"; return;
-    case Kind::kInt: *out += std::to_string(v.i); return;
+    case Kind::kNone:
+      *out += "null";
+      return;
+    case Kind::kBool:
+      *out += v.b ? "true" : "false";
+      return;
+    case Kind::kInt:
+      *out += std::to_string(v.i);
+      return;
     case Kind::kFloat:
       if (!std::isfinite(v.f)) Fail(pos, "tojson: not a finite number");
       *out += FloatRepr(v.f);
       return;
-    case Kind::kString: AppendJsonString(v.str(), o.ensure_ascii, out); return;
+    case Kind::kString:
+      AppendJsonString(v.str(), o.ensure_ascii, out);
+      return;
     case Kind::kList: {
       if (v.list->empty()) {
         *out += "[]";
@@ -1395,7 +1483,8 @@ void AppendJson(const Value& v, const JsonOptions& o, int depth, std::string* ou
       *out += '}';
       return;
     }
-    default: Fail(pos, absl::StrCat("tojson: a ", KindName(v.kind), " is not JSON"));
+    default:
+      Fail(pos, absl::StrCat("tojson: a ", KindName(v.kind), " is not JSON"));
   }
 }
 
@@ -1411,8 +1500,10 @@ bool Equal(const Value& a, const Value& b, int depth, Pos pos) {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
     case Kind::kUndefined:
-    case Kind::kNone: return true;
-    case Kind::kString: return a.str() == b.str();
+    case Kind::kNone:
+      return true;
+    case Kind::kString:
+      return a.str() == b.str();
     case Kind::kList:
       if (a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k) {
@@ -1426,10 +1517,14 @@ bool Equal(const Value& a, const Value& b, int depth, Pos pos) {
         if (y == nullptr || !Equal(x, *y, depth + 1, pos)) return false;
       }
       return true;
-    case Kind::kNamespace: return a.dict == b.dict;
-    case Kind::kMacro: return a.macro == b.macro;
-    case Kind::kBuiltin: return a.builtin == b.builtin;
-    default: return false;
+    case Kind::kNamespace:
+      return a.dict == b.dict;
+    case Kind::kMacro:
+      return a.macro == b.macro;
+    case Kind::kBuiltin:
+      return a.builtin == b.builtin;
+    default:
+      return false;
   }
 }
 
@@ -1525,8 +1620,11 @@ class Renderer {
       if (f != (*it)->end()) return f->second;
     }
     static const std::unordered_map<std::string, std::string_view> kBuiltins = {
-        {"namespace", "namespace"}, {"raise_exception", "raise_exception"},
-        {"strftime_now", "strftime_now"}, {"range", "range"}, {"dict", "dict"}};
+        {"namespace", "namespace"},
+        {"raise_exception", "raise_exception"},
+        {"strftime_now", "strftime_now"},
+        {"range", "range"},
+        {"dict", "dict"}};
     auto b = kBuiltins.find(name);
     if (b != kBuiltins.end()) {
       Value v = Value::Of(Kind::kBuiltin);
@@ -1551,7 +1649,9 @@ class Renderer {
   Flow Exec(const Stmt& st) {
     Step(st.pos);
     switch (st.k) {
-      case Stmt::K::kText: Emit(st.text, st.pos); return Flow::kNormal;
+      case Stmt::K::kText:
+        Emit(st.text, st.pos);
+        return Flow::kNormal;
       case Stmt::K::kOutput: {
         const Value v = Eval(*st.expr);
         if (v.kind == Kind::kString) {
@@ -1568,7 +1668,8 @@ class Renderer {
           if (Truthy(Eval(*cond))) return Exec(body);
         }
         return Exec(st.else_body);
-      case Stmt::K::kFor: return ExecFor(st);
+      case Stmt::K::kFor:
+        return ExecFor(st);
       case Stmt::K::kSet: {
         Value v = Eval(*st.expr);
         if (st.attr_target) {
@@ -1599,8 +1700,10 @@ class Renderer {
         Assign(st.name, std::move(m));
         return Flow::kNormal;
       }
-      case Stmt::K::kBreak: return Flow::kBreak;
-      case Stmt::K::kContinue: return Flow::kContinue;
+      case Stmt::K::kBreak:
+        return Flow::kBreak;
+      case Stmt::K::kContinue:
+        return Flow::kContinue;
     }
     return Flow::kNormal;
   }
@@ -1628,8 +1731,8 @@ class Renderer {
     }
     const List items = Iterate(v, pos);
     if (items.size() != targets.size()) {
-      Fail(pos, absl::StrCat("cannot unpack ", items.size(), " values into ", targets.size(),
-                             " names"));
+      Fail(pos,
+           absl::StrCat("cannot unpack ", items.size(), " values into ", targets.size(), " names"));
     }
     for (size_t k = 0; k < targets.size(); ++k) Assign(targets[k], items[k]);
   }
@@ -1680,7 +1783,8 @@ class Renderer {
       loop.Set("first", Value::Bool(k == 0));
       loop.Set("last", Value::Bool(k == n - 1));
       loop.Set("length", Value::Int(n));
-      loop.Set("previtem", k > 0 ? items[static_cast<size_t>(k - 1)] : Value::Undefined("previtem"));
+      loop.Set("previtem",
+               k > 0 ? items[static_cast<size_t>(k - 1)] : Value::Undefined("previtem"));
       loop.Set("nextitem",
                k + 1 < n ? items[static_cast<size_t>(k + 1)] : Value::Undefined("nextitem"));
       f["loop"] = Value::Dct(std::move(loop));
@@ -1694,8 +1798,10 @@ class Renderer {
 
   List Iterate(const Value& v, Pos pos) {
     switch (v.kind) {
-      case Kind::kUndefined: return {};
-      case Kind::kList: return *v.list;
+      case Kind::kUndefined:
+        return {};
+      case Kind::kList:
+        return *v.list;
       case Kind::kDict: {
         List keys;
         for (const auto& kv : v.dict->items) keys.push_back(Value::Str(kv.first));
@@ -1709,7 +1815,8 @@ class Renderer {
         }
         return chars;
       }
-      default: Fail(pos, absl::StrCat("a ", KindName(v.kind), " is not iterable"));
+      default:
+        Fail(pos, absl::StrCat("a ", KindName(v.kind), " is not iterable"));
     }
   }
 
@@ -1726,8 +1833,10 @@ class Renderer {
   Value EvalNode(const Expr& e) {
     Step(e.pos);
     switch (e.k) {
-      case Expr::K::kLiteral: return e.literal;
-      case Expr::K::kName: return Lookup(e.name);
+      case Expr::K::kLiteral:
+        return e.literal;
+      case Expr::K::kName:
+        return Lookup(e.name);
       case Expr::K::kList: {
         List items;
         for (const auto& a : e.args) items.push_back(Eval(*a));
@@ -1742,13 +1851,16 @@ class Renderer {
         }
         return Value::Dct(std::move(d));
       }
-      case Expr::K::kAttr: return GetAttr(Eval(*e.args[0]), e.name, *e.args[0], e.pos);
+      case Expr::K::kAttr:
+        return GetAttr(Eval(*e.args[0]), e.name, *e.args[0], e.pos);
       case Expr::K::kIndex: {
         const Value obj = Eval(*e.args[0]);
         return GetItem(obj, Eval(*e.args[1]), *e.args[0], e.pos);
       }
-      case Expr::K::kSlice: return EvalSlice(e);
-      case Expr::K::kCall: return EvalCall(e);
+      case Expr::K::kSlice:
+        return EvalSlice(e);
+      case Expr::K::kCall:
+        return EvalCall(e);
       case Expr::K::kFilter: {
         Value v = Eval(*e.args[0]);
         Args args = EvalArgs(e, 1);
@@ -1765,7 +1877,8 @@ class Renderer {
         if (v.kind == Kind::kFloat) return Value::Float(-v.f);
         Fail(e.pos, absl::StrCat("cannot negate a ", KindName(v.kind)));
       }
-      case Expr::K::kNot: return Value::Bool(!Truthy(Eval(*e.args[0])));
+      case Expr::K::kNot:
+        return Value::Bool(!Truthy(Eval(*e.args[0])));
       case Expr::K::kAnd: {
         Value a = Eval(*e.args[0]);
         return Truthy(a) ? Eval(*e.args[1]) : a;
@@ -1777,31 +1890,36 @@ class Renderer {
       case Expr::K::kCond:
         if (Truthy(Eval(*e.args[1]))) return Eval(*e.args[0]);
         return e.args[2] != nullptr ? Eval(*e.args[2]) : Value::Undefined();
-      case Expr::K::kBinary: return EvalBinary(e);
+      case Expr::K::kBinary:
+        return EvalBinary(e);
     }
     return Value::Undefined();
   }
 
   [[noreturn]] void FailUndefined(const Value& v, const Expr& what, Pos pos) {
     const std::string name = what.k == Expr::K::kName ? what.name : v.s ? *v.s : "";
-    Fail(pos, name.empty() ? std::string("undefined value") : absl::StrCat("'", name, "' is undefined"));
+    Fail(pos,
+         name.empty() ? std::string("undefined value") : absl::StrCat("'", name, "' is undefined"));
   }
 
   Value GetAttr(const Value& obj, const std::string& name, const Expr& what, Pos pos) {
     switch (obj.kind) {
-      case Kind::kUndefined: FailUndefined(obj, what, pos);
+      case Kind::kUndefined:
+        FailUndefined(obj, what, pos);
       case Kind::kDict:
       case Kind::kNamespace: {
         const Value* v = obj.dict->Find(name);
         return v != nullptr ? *v : Value::Undefined(name);
       }
-      default: return Value::Undefined(name);
+      default:
+        return Value::Undefined(name);
     }
   }
 
   Value GetItem(const Value& obj, const Value& key, const Expr& what, Pos pos) {
     switch (obj.kind) {
-      case Kind::kUndefined: FailUndefined(obj, what, pos);
+      case Kind::kUndefined:
+        FailUndefined(obj, what, pos);
       case Kind::kDict:
       case Kind::kNamespace: {
         if (key.kind != Kind::kString) return Value::Undefined();
@@ -1821,10 +1939,12 @@ class Renderer {
         const int64_t n = static_cast<int64_t>(at.size()) - 1;
         const int64_t k = key.i < 0 ? key.i + n : key.i;
         if (k < 0 || k >= n) return Value::Undefined();
-        return Value::Str(obj.str().substr(at[static_cast<size_t>(k)],
-                                           at[static_cast<size_t>(k) + 1] - at[static_cast<size_t>(k)]));
+        return Value::Str(
+            obj.str().substr(at[static_cast<size_t>(k)],
+                             at[static_cast<size_t>(k) + 1] - at[static_cast<size_t>(k)]));
       }
-      default: return Value::Undefined();
+      default:
+        return Value::Undefined();
     }
   }
 
@@ -1915,8 +2035,8 @@ class Renderer {
       if ((seq->kind == Kind::kString || seq->kind == Kind::kList) &&
           (times->kind == Kind::kInt || times->kind == Kind::kBool)) {
         const int64_t n = std::max<int64_t>(0, times->kind == Kind::kBool ? times->b : times->i);
-        const size_t unit = seq->kind == Kind::kString ? seq->str().size()
-                                                        : seq->list->size() * sizeof(Value);
+        const size_t unit =
+            seq->kind == Kind::kString ? seq->str().size() : seq->list->size() * sizeof(Value);
         if (unit > 0 && static_cast<uint64_t>(n) > limits_.max_built_bytes / unit) {
           Built(limits_.max_built_bytes + 1, pos);
         }
@@ -2000,9 +2120,11 @@ class Renderer {
       case Kind::kDict:
       case Kind::kNamespace:
         return item.kind == Kind::kString && container.dict->Find(item.str()) != nullptr;
-      case Kind::kUndefined: return false;
-      default: Fail(pos, absl::StrCat("'in' needs a string, list or dict, not a ",
-                                      KindName(container.kind)));
+      case Kind::kUndefined:
+        return false;
+      default:
+        Fail(pos,
+             absl::StrCat("'in' needs a string, list or dict, not a ", KindName(container.kind)));
     }
   }
 
@@ -2030,7 +2152,8 @@ class Renderer {
 
   Value CallValue(const Value& f, const Args& args, Pos pos) {
     if (f.kind == Kind::kMacro) return CallMacro(*f.macro, args, pos);
-    if (f.kind != Kind::kBuiltin) Fail(pos, absl::StrCat("a ", KindName(f.kind), " is not callable"));
+    if (f.kind != Kind::kBuiltin)
+      Fail(pos, absl::StrCat("a ", KindName(f.kind), " is not callable"));
     const std::string name(f.builtin);
     if (name == "namespace" || name == "dict") {
       Dict d;
@@ -2101,8 +2224,8 @@ class Renderer {
       if (v != nullptr) {
         params[m.params[k]] = *v;
       } else {
-        params[m.params[k]] = m.defaults[k] != nullptr ? Eval(*m.defaults[k])
-                                                        : Value::Undefined(m.params[k]);
+        params[m.params[k]] =
+            m.defaults[k] != nullptr ? Eval(*m.defaults[k]) : Value::Undefined(m.params[k]);
       }
     }
     for (const auto& [k, v] : args.kw) {
@@ -2148,7 +2271,8 @@ class Renderer {
     std::vector<std::string> set;
     if (chars != nullptr && chars->kind == Kind::kString) {
       const std::vector<size_t> at = CodePointOffsets(chars->str());
-      for (size_t k = 0; k + 1 < at.size(); ++k) set.push_back(chars->str().substr(at[k], at[k + 1] - at[k]));
+      for (size_t k = 0; k + 1 < at.size(); ++k)
+        set.push_back(chars->str().substr(at[k], at[k + 1] - at[k]));
     }
     const bool ws = chars == nullptr || chars->kind != Kind::kString;
     const std::vector<size_t> at = CodePointOffsets(s);
@@ -2263,12 +2387,17 @@ class Renderer {
 
   size_t Length(const Value& v, Pos pos) {
     switch (v.kind) {
-      case Kind::kString: return CodePointOffsets(v.str()).size() - 1;
-      case Kind::kList: return v.list->size();
+      case Kind::kString:
+        return CodePointOffsets(v.str()).size() - 1;
+      case Kind::kList:
+        return v.list->size();
       case Kind::kDict:
-      case Kind::kNamespace: return v.dict->items.size();
-      case Kind::kUndefined: return 0;
-      default: Fail(pos, absl::StrCat("a ", KindName(v.kind), " has no length"));
+      case Kind::kNamespace:
+        return v.dict->items.size();
+      case Kind::kUndefined:
+        return 0;
+      default:
+        Fail(pos, absl::StrCat("a ", KindName(v.kind), " has no length"));
     }
   }
 
@@ -2299,7 +2428,8 @@ class Renderer {
         return Value::Lst(std::move(parts));
       }
       if (name == "rsplit") {
-        if (ArgInt(a, 1, "maxsplit", -1, pos) >= 0) Fail(pos, "rsplit(): maxsplit is not supported");
+        if (ArgInt(a, 1, "maxsplit", -1, pos) >= 0)
+          Fail(pos, "rsplit(): maxsplit is not supported");
         List parts = Split(s, a.Get(0, "sep"), -1, pos);
         Built(s.size() + parts.size() * sizeof(Value), pos);
         return Value::Lst(std::move(parts));
@@ -2337,7 +2467,8 @@ class Renderer {
           const size_t at = s.find(x);
           return Value::Int(at == std::string::npos
                                 ? -1
-                                : static_cast<int64_t>(CodePointOffsets(s.substr(0, at)).size()) - 1);
+                                : static_cast<int64_t>(CodePointOffsets(s.substr(0, at)).size()) -
+                                      1);
         }
         if (x.empty()) return Value::Int(static_cast<int64_t>(CodePointOffsets(s).size()));
         int64_t n = 0;
@@ -2391,7 +2522,8 @@ class Renderer {
       if (name == "items") return Items(obj);
       if (name == "keys" || name == "values") {
         List out;
-        for (const auto& [k, v] : obj.dict->items) out.push_back(name == "keys" ? Value::Str(k) : v);
+        for (const auto& [k, v] : obj.dict->items)
+          out.push_back(name == "keys" ? Value::Str(k) : v);
         return Value::Lst(std::move(out));
       }
     } else if (obj.kind == Kind::kList) {
@@ -2526,7 +2658,8 @@ class Renderer {
         if (test == nullptr) {
           pass = Truthy(y);
         } else {
-          if (test->kind != Kind::kString) Fail(pos, absl::StrCat(name, ": test name must be a string"));
+          if (test->kind != Kind::kString)
+            Fail(pos, absl::StrCat(name, ": test name must be a string"));
           pass = Test(test->str(), y, rest, pos);
         }
         if (pass == keep_if) out.push_back(x);
@@ -2548,7 +2681,8 @@ class Renderer {
       const bool reverse = ArgBool(a, 0, "reverse", false);
       const Value* attr = a.Get(2, "attribute");
       auto key = [&](const Value& x) {
-        return attr != nullptr && attr->kind == Kind::kString ? GetAttr(x, attr->str(), Expr{}, pos) : x;
+        return attr != nullptr && attr->kind == Kind::kString ? GetAttr(x, attr->str(), Expr{}, pos)
+                                                              : x;
       };
       std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
         const int c = Compare(key(x), key(y), 0, pos);
@@ -2617,23 +2751,35 @@ class Renderer {
       std::string out;
       for (char c : s) {
         switch (c) {
-          case '&': out += "&amp;"; break;
-          case '<': out += "&lt;"; break;
-          case '>': out += "&gt;"; break;
-          case '"': out += "&#34;"; break;
-          case '\'': out += "&#39;"; break;
-          default: out += c;
+          case '&':
+            out += "&amp;";
+            break;
+          case '<':
+            out += "&lt;";
+            break;
+          case '>':
+            out += "&gt;";
+            break;
+          case '"':
+            out += "&#34;";
+            break;
+          case '\'':
+            out += "&#39;";
+            break;
+          default:
+            out += c;
         }
       }
       return MakeStr(std::move(out), pos);
     }
     if (name == "indent") {
       const Value* w = a.Get(0, "width");
-      std::string pad = w != nullptr && w->kind == Kind::kString
-                            ? w->str()
-                            : std::string(static_cast<size_t>(std::clamp<int64_t>(
-                                              ArgInt(a, 0, "width", 4, pos), 0, 256)),
-                                          ' ');
+      std::string pad =
+          w != nullptr && w->kind == Kind::kString
+              ? w->str()
+              : std::string(
+                    static_cast<size_t>(std::clamp<int64_t>(ArgInt(a, 0, "width", 4, pos), 0, 256)),
+                    ' ');
       const bool first = ArgBool(a, 1, "first", false);
       const bool blank = ArgBool(a, 2, "blank", false);
       std::string out;
@@ -2641,7 +2787,8 @@ class Renderer {
       bool line0 = true;
       while (from <= s.size()) {
         size_t at = s.find('\n', from);
-        const std::string line = s.substr(from, at == std::string::npos ? std::string::npos : at - from);
+        const std::string line =
+            s.substr(from, at == std::string::npos ? std::string::npos : at - from);
         if ((line0 ? first : true) && (blank || !line.empty())) out += pad;
         out += line;
         if (at == std::string::npos) break;
@@ -2725,16 +2872,21 @@ template <typename Json>
 Value FromJson(const Json& j, int depth) {
   if (depth > 64) Fail(Pos{}, "variables nested deeper than 64 levels");
   switch (j.type()) {
-    case nlohmann::json::value_t::null: return Value::None();
-    case nlohmann::json::value_t::boolean: return Value::Bool(j.template get<bool>());
-    case nlohmann::json::value_t::number_integer: return Value::Int(j.template get<int64_t>());
+    case nlohmann::json::value_t::null:
+      return Value::None();
+    case nlohmann::json::value_t::boolean:
+      return Value::Bool(j.template get<bool>());
+    case nlohmann::json::value_t::number_integer:
+      return Value::Int(j.template get<int64_t>());
     case nlohmann::json::value_t::number_unsigned: {
       const uint64_t u = j.template get<uint64_t>();
       if (u > static_cast<uint64_t>(INT64_MAX)) return Value::Float(static_cast<double>(u));
       return Value::Int(static_cast<int64_t>(u));
     }
-    case nlohmann::json::value_t::number_float: return Value::Float(j.template get<double>());
-    case nlohmann::json::value_t::string: return Value::Str(j.template get<std::string>());
+    case nlohmann::json::value_t::number_float:
+      return Value::Float(j.template get<double>());
+    case nlohmann::json::value_t::string:
+      return Value::Str(j.template get<std::string>());
     case nlohmann::json::value_t::array: {
       List items;
       for (const auto& x : j) items.push_back(FromJson(x, depth + 1));
@@ -2742,10 +2894,12 @@ Value FromJson(const Json& j, int depth) {
     }
     case nlohmann::json::value_t::object: {
       Dict d;
-      for (auto it = j.begin(); it != j.end(); ++it) d.Set(it.key(), FromJson(it.value(), depth + 1));
+      for (auto it = j.begin(); it != j.end(); ++it)
+        d.Set(it.key(), FromJson(it.value(), depth + 1));
       return Value::Dct(std::move(d));
     }
-    default: return Value::Undefined();
+    default:
+      return Value::Undefined();
   }
 }
 

@@ -56,13 +56,15 @@ namespace infoflow {
 
 struct ChatTemplateLimits {
   size_t max_source_bytes = 512 * 1024;
-  int max_nesting = 64;          // blocks inside blocks, expression depth
-  int max_call_depth = 16;       // macro calls inside macro calls
+  int max_nesting = 64;           // blocks inside blocks, expression depth
+  int max_call_depth = 16;        // macro calls inside macro calls
   int64_t max_steps = 4'000'000;  // statements + loop iterations + expressions
-  size_t max_output_bytes = 16 << 20;
+  // Above the HTTP front end's 16 MiB body limit, so a request the body
+  // limit admits is refused by the token limits, not here.
+  size_t max_output_bytes = 32 << 20;
   // All strings built while rendering, together (bounds memory and time
-  // when a template concatenates in a loop).
-  size_t max_built_bytes = 64 << 20;
+  // when a template concatenates in a loop; "a" + b + "c" counts b twice).
+  size_t max_built_bytes = 256 << 20;
 };
 
 class ChatTemplate {

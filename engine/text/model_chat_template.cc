@@ -37,8 +37,8 @@ absl::Status TokenField(const json& cfg, const char* name, std::string* out) {
     *out = (*it)["content"].get<std::string>();
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "tokenizer_config.json: ", name, " must be a string, null or {\"content\": ...}"));
+  return absl::InvalidArgumentError(absl::StrCat("tokenizer_config.json: ", name,
+                                                 " must be a string, null or {\"content\": ...}"));
 }
 
 }  // namespace
@@ -114,9 +114,9 @@ absl::StatusOr<FramedConversation> FrameLastTurn(const ModelChatTemplate& t,
     json vars = json::object();
     json messages = json::array();
     for (size_t i = 0; i < turns.size(); ++i) {
-      messages.push_back({{"role", turns[i].role},
-                          {"content", i + 1 == turns.size() ? std::string(last_content)
-                                                            : turns[i].content}});
+      messages.push_back(
+          {{"role", turns[i].role},
+           {"content", i + 1 == turns.size() ? std::string(last_content) : turns[i].content}});
     }
     vars["messages"] = std::move(messages);
     vars["add_generation_prompt"] = true;

@@ -46,7 +46,8 @@ absl::StatusOr<std::optional<ModelChatTemplate>> ModelChatTemplateFromFiles(
     std::string_view tokenizer_config_json, std::optional<std::string_view> chat_template_jinja);
 
 // Reads those two files from `model_dir` (missing files are "none").
-absl::StatusOr<std::optional<ModelChatTemplate>> LoadModelChatTemplate(const std::string& model_dir);
+absl::StatusOr<std::optional<ModelChatTemplate>> LoadModelChatTemplate(
+    const std::string& model_dir);
 
 struct ChatTurn {
   std::string role;  // "system", "user", "assistant" (as the template expects)

@@ -149,7 +149,8 @@ TEST(ChatPresets, AutoWithoutATemplateUsesTheModelTypesPreset) {
   EXPECT_NE(none.status().message().find("model_type 'gpt2'"), std::string::npos);
   // A template that fails, or hides the content, is an error, not a guess.
   EXPECT_FALSE(ChatPresetForModel({"", "{{ raise_exception('no') }}", "", "", false}, "S").ok());
-  EXPECT_FALSE(ChatPresetForModel({"", "{{ messages[-1].content|upper }}", "", "", false}, "S").ok());
+  EXPECT_FALSE(
+      ChatPresetForModel({"", "{{ messages[-1].content|upper }}", "", "", false}, "S").ok());
   EXPECT_FALSE(ChatPresetForModel({"", "{% if %}", "", "", false}, "S").ok());
 }
 

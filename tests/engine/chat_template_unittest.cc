@@ -6,10 +6,10 @@
 // chat_template_vs_hf_jinja re-runs that reference and compares again).
 #include "engine/text/chat_template.h"
 
-#include <filesystem>
+#include <unistd.h>
 
 #include <cstdlib>
-#include <unistd.h>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -43,7 +43,9 @@ TEST(ChatTemplate, TextAndOutput) {
   EXPECT_EQ(R("{{ [1, 'a', none, [true]] }}"), "[1, 'a', None, [True]]");
   EXPECT_EQ(R("{{ {'k': 'v', 'n': 1} }}"), "{'k': 'v', 'n': 1}");
   EXPECT_EQ(R("{{ \"it's\" }} {{ ['it\\'s'] }}"), "it's [\"it's\"]");
-  EXPECT_EQ(R("{{ 'a\\nb\\t\\u00e9\\x41' }}"), "a\nb\t\xc3\xa9" "A");
+  EXPECT_EQ(R("{{ 'a\\nb\\t\\u00e9\\x41' }}"),
+            "a\nb\t\xc3\xa9"
+            "A");
   EXPECT_EQ(R("{{ 'a' 'b' }}"), "ab");
   EXPECT_EQ(R("{{ 1e3 }} {{ 0.1 + 0.2 }} {{ 1e16 }} {{ 1_000 }}"),
             "1000.0 0.30000000000000004 1e+16 1000");
@@ -77,7 +79,8 @@ TEST(ChatTemplate, IfElifElse) {
 }
 
 TEST(ChatTemplate, ForLoops) {
-  EXPECT_EQ(R("{% for x in xs %}{{ loop.index0 }}{{ loop.index }}{{ x }}{% if not loop.last %},{% endif %}"
+  EXPECT_EQ(R("{% for x in xs %}{{ loop.index0 }}{{ loop.index }}{{ x }}{% if not loop.last %},{% "
+              "endif %}"
               "{% endfor %}",
               R"({"xs": ["a", "b", "c"]})"),
             "01a,12b,23c");
@@ -87,8 +90,9 @@ TEST(ChatTemplate, ForLoops) {
             "True221|False210|");
   EXPECT_EQ(R("{% for x in xs %}{{ x }}{% else %}empty{% endfor %}", R"({"xs": []})"), "empty");
   EXPECT_EQ(R("{% for x in nothing %}{{ x }}{% else %}none{% endfor %}"), "none");
-  EXPECT_EQ(R("{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}", R"({"d": {"a": 1, "b": 2}})"),
-            "a=1;b=2;");
+  EXPECT_EQ(
+      R("{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}", R"({"d": {"a": 1, "b": 2}})"),
+      "a=1;b=2;");
   EXPECT_EQ(R("{% for k in d %}{{ k }}{% endfor %}", R"({"d": {"a": 1, "b": 2}})"), "ab");
   EXPECT_EQ(R("{% for c in 'héj' %}[{{ c }}]{% endfor %}"), "[h][\xc3\xa9][j]");
   // Loop filter: loop.* counts only what is kept.
@@ -146,21 +150,24 @@ TEST(ChatTemplate, Expressions) {
             "True True True True False");
   EXPECT_EQ(R("{{ 'ell' in 'hello' }} {{ 2 in [1, 2] }} {{ 'k' in {'k': 1} }} {{ 3 not in [3] }}"),
             "True True True False");
-  EXPECT_EQ(R("{{ 'y' if x else 'n' }} {{ 'y' if not x else 'n' }} [{{ 'only' if x }}]"),
-            "n y []");
+  EXPECT_EQ(R("{{ 'y' if x else 'n' }} {{ 'y' if not x else 'n' }} [{{ 'only' if x }}]"), "n y []");
   EXPECT_EQ(R("{{ not x is defined }} {{ x is not defined and true }}"), "True True");
   EXPECT_EQ(R("{{ none or 'default' }} {{ 'first' and 'second' }}"), "default second");
   EXPECT_EQ(R("{{ -(x|length) }}", R"({"x": [1, 2]})"), "-2");
   // As in Jinja2, a unary minus binds before a filter.
-  EXPECT_EQ(R("{{ -x|length }}", R"({"x": [1, 2]})"), "ERROR: chat template 1:4: cannot negate a list");
+  EXPECT_EQ(R("{{ -x|length }}", R"({"x": [1, 2]})"),
+            "ERROR: chat template 1:4: cannot negate a list");
 }
 
 TEST(ChatTemplate, AccessAndSlicing) {
   const std::string v = R"({"m": {"role": "user", "content": "hi"}, "xs": [10, 20, 30, 40]})";
-  EXPECT_EQ(R("{{ m.role }} {{ m['content'] }} [{{ m.missing }}] {{ xs[0] }} {{ xs[-1] }} [{{ xs[9] }}]", v),
-            "user hi [] 10 40 []");
-  EXPECT_EQ(R("{{ xs[1:3] }} {{ xs[::-1] }} {{ xs[:-1] }} {{ xs[::2] }} {{ xs[-2:] }} {{ xs[5:] }}", v),
-            "[20, 30] [40, 30, 20, 10] [10, 20, 30] [10, 30] [30, 40] []");
+  EXPECT_EQ(
+      R("{{ m.role }} {{ m['content'] }} [{{ m.missing }}] {{ xs[0] }} {{ xs[-1] }} [{{ xs[9] }}]",
+        v),
+      "user hi [] 10 40 []");
+  EXPECT_EQ(
+      R("{{ xs[1:3] }} {{ xs[::-1] }} {{ xs[:-1] }} {{ xs[::2] }} {{ xs[-2:] }} {{ xs[5:] }}", v),
+      "[20, 30] [40, 30, 20, 10] [10, 20, 30] [10, 30] [30, 40] []");
   EXPECT_EQ(R("{{ 'héllo'[1] }} {{ 'héllo'[1:3] }} {{ 'abc'[::-1] }}"), "\xc3\xa9 \xc3\xa9l cba");
   EXPECT_EQ(R("{{ xs.0 }}", v), "10");
   EXPECT_EQ(R("{{ none.x }}|"), "|");
@@ -168,11 +175,12 @@ TEST(ChatTemplate, AccessAndSlicing) {
 
 TEST(ChatTemplate, Tests) {
   const std::string v = R"({"s": "x", "n": 1, "f": 1.5, "l": [], "d": {}, "z": null, "b": true})";
-  EXPECT_EQ(R("{{ s is string }}{{ n is string }}{{ n is number }}{{ f is float }}{{ n is integer }}"
-              "{{ l is iterable }}{{ d is mapping }}{{ l is mapping }}{{ z is none }}{{ q is defined }}"
-              "{{ q is undefined }}{{ b is boolean }}{{ b is true }}{{ b is false }}",
-              v),
-            "TrueFalseTrueTrueTrueTrueTrueFalseTrueFalseTrueTrueTrueFalse");
+  EXPECT_EQ(
+      R("{{ s is string }}{{ n is string }}{{ n is number }}{{ f is float }}{{ n is integer }}"
+        "{{ l is iterable }}{{ d is mapping }}{{ l is mapping }}{{ z is none }}{{ q is defined }}"
+        "{{ q is undefined }}{{ b is boolean }}{{ b is true }}{{ b is false }}",
+        v),
+      "TrueFalseTrueTrueTrueTrueTrueFalseTrueFalseTrueTrueTrueFalse");
   EXPECT_EQ(R("{{ 4 is even }}{{ 3 is odd }}{{ 9 is divisibleby 3 }}{{ 9 is divisibleby(2) }}"
               "{{ 1 is eq 1 }}{{ 'a' is in ['a'] }}{{ z is not none }}",
               v),
@@ -180,14 +188,17 @@ TEST(ChatTemplate, Tests) {
 }
 
 TEST(ChatTemplate, Filters) {
-  EXPECT_EQ(R("[{{ '  a b \n' | trim }}] {{ 'ab'|upper }} {{ 'AB'|lower }} {{ 'hello world'|capitalize }}"
-              " {{ 'hello world'|title }}"),
-            "[a b] AB ab Hello world Hello World");
+  EXPECT_EQ(
+      R("[{{ '  a b \n' | trim }}] {{ 'ab'|upper }} {{ 'AB'|lower }} {{ 'hello world'|capitalize }}"
+        " {{ 'hello world'|title }}"),
+      "[a b] AB ab Hello world Hello World");
   EXPECT_EQ(R("{{ [1,2,3]|length }} {{ 'héj'|length }} {{ {'a':1}|length }} {{ [1,2]|count }}"),
             "3 3 1 2");
-  EXPECT_EQ(R("{{ x|default('d') }} {{ ''|default('d') }} {{ ''|default('d', true) }} {{ 0|d(5) }}"),
-            "d  d 0");
-  EXPECT_EQ(R("{{ ['a','b']|join(', ') }} {{ [1,2]|join }} {{ [{'n':'x'},{'n':'y'}]|join('-', attribute='n') }}"),
+  EXPECT_EQ(
+      R("{{ x|default('d') }} {{ ''|default('d') }} {{ ''|default('d', true) }} {{ 0|d(5) }}"),
+      "d  d 0");
+  EXPECT_EQ(R("{{ ['a','b']|join(', ') }} {{ [1,2]|join }} {{ [{'n':'x'},{'n':'y'}]|join('-', "
+              "attribute='n') }}"),
             "a, b 12 x-y");
   EXPECT_EQ(R("{{ 'aXbX'|replace('X', '-') }} {{ 12|string ~ 'x' }} {{ [1,2,3]|first }}"
               " {{ [1,2,3]|last }} {{ 'abc'|first }} {{ [3,1,2]|sort }} {{ [1,2]|reverse }}"),
@@ -200,7 +211,8 @@ TEST(ChatTemplate, Filters) {
               " {{ ms|selectattr('missing')|list|length }}",
               ms),
             "uv ['s'] 0");
-  EXPECT_EQ(R("{{ [1,2,3,4]|select('even')|list }} {{ ['a','b']|map('upper')|join }} {{ [1,1,2]|unique|list }}"
+  EXPECT_EQ(R("{{ [1,2,3,4]|select('even')|list }} {{ ['a','b']|map('upper')|join }} {{ "
+              "[1,1,2]|unique|list }}"
               " {{ [1,2]|sum }} {{ -3|abs }} {{ '42'|int + 1 }} {{ '2.5'|float }} {{ 'x'|int }}"),
             "[2, 4] AB [1, 2] 3 3 43 2.5 0");
   EXPECT_EQ(R("{{ '<a&b>'|e }} {{ 'x\ny'|indent(2) }} {{ 'x\ny'|indent(2, true) }}"),
@@ -222,14 +234,19 @@ TEST(ChatTemplate, ToJson) {
 TEST(ChatTemplate, MethodsAndGlobals) {
   EXPECT_EQ(R("[{{ '  x  '.strip() }}] [{{ '\nx\n'.lstrip('\n') }}] [{{ 'xx--'.rstrip('-') }}]"),
             "[x] [x\n] [xx]");
-  EXPECT_EQ(R("{{ 'abc'.startswith('ab') }} {{ 'abc'.endswith('bc') }} {{ 'abc'.startswith(('x', 'a')) }}"),
+  EXPECT_EQ(R("{{ 'abc'.startswith('ab') }} {{ 'abc'.endswith('bc') }} {{ 'abc'.startswith(('x', "
+              "'a')) }}"),
             "True True True");
-  EXPECT_EQ(R("{{ 'a</think>b'.split('</think>')[-1] }} {{ ' a  b '.split() }} {{ 'a,b,c'.split(',', 1) }}"),
+  EXPECT_EQ(R("{{ 'a</think>b'.split('</think>')[-1] }} {{ ' a  b '.split() }} {{ "
+              "'a,b,c'.split(',', 1) }}"),
             "b ['a', 'b'] ['a', 'b,c']");
-  EXPECT_EQ(R("{{ 'Ab'.lower() }}{{ 'Ab'.upper() }} {{ 'aaa'.replace('a', 'b', 2) }} {{ 'abcb'.find('b') }}"
-              " {{ 'abcb'.count('b') }} {{ '-'.join(['x', 'y']) }} {{ '{} and {}'.format(1, 'x') }}"),
-            "abAB bba 1 2 x-y 1 and x");
-  EXPECT_EQ(R("{{ d.get('a') }} {{ d.get('z') }} {{ d.get('z', 7) }} {{ d.keys()|list }} {{ d.values()|list }}",
+  EXPECT_EQ(
+      R("{{ 'Ab'.lower() }}{{ 'Ab'.upper() }} {{ 'aaa'.replace('a', 'b', 2) }} {{ 'abcb'.find('b') "
+        "}}"
+        " {{ 'abcb'.count('b') }} {{ '-'.join(['x', 'y']) }} {{ '{} and {}'.format(1, 'x') }}"),
+      "abAB bba 1 2 x-y 1 and x");
+  EXPECT_EQ(R("{{ d.get('a') }} {{ d.get('z') }} {{ d.get('z', 7) }} {{ d.keys()|list }} {{ "
+              "d.values()|list }}",
               R"({"d": {"a": 1}})"),
             "1 None 7 ['a'] [1]");
   EXPECT_EQ(R("{{ range(3)|list }} {{ range(1, 7, 2)|list }} {{ dict(a=1) }}"),
@@ -243,8 +260,10 @@ TEST(ChatTemplate, MethodsAndGlobals) {
 
 TEST(ChatTemplate, ErrorsNamePositions) {
   EXPECT_EQ(R("ab\n  {{ 1 + }}"), "ERROR: chat template 2:10: unexpected end of tag");
-  EXPECT_EQ(R("{% if x %}never closed"), "ERROR: chat template 1:4: block not closed: missing 'endif'");
-  EXPECT_EQ(R("x\n{% endfor %}"), "ERROR: chat template 2:4: unknown or unexpected statement 'endfor'");
+  EXPECT_EQ(R("{% if x %}never closed"),
+            "ERROR: chat template 1:4: block not closed: missing 'endif'");
+  EXPECT_EQ(R("x\n{% endfor %}"),
+            "ERROR: chat template 2:4: unknown or unexpected statement 'endfor'");
   EXPECT_EQ(R("{% if a %}{% endfor %}"),
             "ERROR: chat template 1:14: unexpected 'endfor' (expected elif or else or endif)");
   EXPECT_EQ(R("{{ 'open"), "ERROR: chat template 1:4: unterminated string literal");
@@ -257,10 +276,12 @@ TEST(ChatTemplate, ErrorsNamePositions) {
   EXPECT_EQ(R("{{ a.b }}"), "ERROR: chat template 1:5: 'a' is undefined");
   EXPECT_EQ(R("{{ 1 // 0 }}"), "ERROR: chat template 1:6: division by zero");
   EXPECT_EQ(R("{% break %}"), "ERROR: chat template 1:4: 'break' outside a for loop");
-  EXPECT_EQ(R("{% include 'x' %}"), "ERROR: chat template 1:4: unknown or unexpected statement 'include'");
+  EXPECT_EQ(R("{% include 'x' %}"),
+            "ERROR: chat template 1:4: unknown or unexpected statement 'include'");
   EXPECT_EQ(R("{% set ns.a = 1 %}"),
             "ERROR: chat template 1:4: cannot set an attribute of 'ns': it is not a namespace()");
-  EXPECT_EQ(R("{{ 'a'.nomethod() }}"), "ERROR: chat template 1:7: a string has no method 'nomethod'");
+  EXPECT_EQ(R("{{ 'a'.nomethod() }}"),
+            "ERROR: chat template 1:7: a string has no method 'nomethod'");
   EXPECT_EQ(R("{{ 9223372036854775807 + 1 }}"), "ERROR: chat template 1:24: integer overflow");
   absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse("x");
   ASSERT_TRUE(t.ok());
@@ -303,8 +324,9 @@ TEST(ChatTemplate, Limits) {
   // Output and built text are capped.
   ChatTemplateLimits out;
   out.max_output_bytes = 1000;
-  EXPECT_NE(R("{% for a in range(100) %}0123456789abcdef{% endfor %}", "{}", out).find("output longer"),
-            std::string::npos);
+  EXPECT_NE(
+      R("{% for a in range(100) %}0123456789abcdef{% endfor %}", "{}", out).find("output longer"),
+      std::string::npos);
   EXPECT_NE(R("{{ 'x' * 100000000000 }}").find("bytes of text"), std::string::npos);
   EXPECT_NE(R("{% set ns = namespace(s='x') %}{% for i in range(100) %}{% set ns.s = ns.s + ns.s %}"
               "{% endfor %}")
@@ -340,12 +362,14 @@ TEST(ChatTemplate, RealTemplatesMatchHuggingFaceJinja) {
     const std::string name = c["name"];
     SCOPED_TRACE(name);
     ASSERT_TRUE(ref.contains(name)) << ref_path;
-    absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(ReadFile(dir + c["template"].get<std::string>()));
+    absl::StatusOr<ChatTemplate> t =
+        ChatTemplate::Parse(ReadFile(dir + c["template"].get<std::string>()));
     ASSERT_TRUE(t.ok()) << t.status();
     absl::StatusOr<std::string> out = t->Render(c["vars"]);
     if (ref[name].contains("error")) {
       ASSERT_FALSE(out.ok()) << *out;
-      EXPECT_NE(out.status().message().find(ref[name]["error"].get<std::string>()), std::string::npos)
+      EXPECT_NE(out.status().message().find(ref[name]["error"].get<std::string>()),
+                std::string::npos)
           << out.status();
     } else {
       ASSERT_TRUE(out.ok()) << out.status();
@@ -355,7 +379,6 @@ TEST(ChatTemplate, RealTemplatesMatchHuggingFaceJinja) {
   }
   EXPECT_EQ(compared, 84);
 }
-
 
 // tokenizer_config.json's forms: a string, the list of named templates,
 // AddedToken objects for the special tokens; chat_template.jinja wins.
@@ -416,7 +439,8 @@ TEST(ModelChatTemplate, LoadsFromAModelDirectory) {
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("chat_template_test_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
-  std::ofstream(dir / "tokenizer_config.json") << R"({"chat_template": "A{{ messages[0].content }}"})";
+  std::ofstream(dir / "tokenizer_config.json")
+      << R"({"chat_template": "A{{ messages[0].content }}"})";
   auto t = LoadModelChatTemplate(dir.string());
   ASSERT_TRUE(t.ok() && t->has_value()) << t.status();
   EXPECT_EQ((*t)->source, "A{{ messages[0].content }}");
@@ -438,8 +462,8 @@ ModelChatTemplate FromSource(const std::string& source, const std::string& bos =
 }
 
 TEST(ModelChatTemplate, FramesTheLastMessage) {
-  const std::string llama3 = ReadFile(std::string(INFOFLOW_SOURCE_DIR) +
-                                      "/tests/data/chat_templates/llama3.jinja");
+  const std::string llama3 =
+      ReadFile(std::string(INFOFLOW_SOURCE_DIR) + "/tests/data/chat_templates/llama3.jinja");
   const ModelChatTemplate t = FromSource(llama3, "<|begin_of_text|>", false);
   auto f = FrameLastTurn(t, {{"system", "S"}, {"user", "  padded content \n"}});
   ASSERT_TRUE(f.ok()) << f.status();

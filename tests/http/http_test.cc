@@ -129,7 +129,8 @@ TEST(BlendPrompt, ModelTemplatesSplitAsTheNamedFormats) {
                {"llama3_1.jinja", "<|begin_of_text|>", "llama3"},
                {"chatglm4.jinja", "", "glm4"}};
   const std::vector<std::vector<ChatMessage>> conversations = {
-      {{"system", "Answer from the documents."}, {"user", "Docs: # # chunk one # # chunk two # # What is it?"}},
+      {{"system", "Answer from the documents."},
+       {"user", "Docs: # # chunk one # # chunk two # # What is it?"}},
       {{"user", "Docs: # # chunk one # # What is it?"}},
       {{"system", "S"}, {"user", "u1"}, {"assistant", "a1"}, {"user", "h # # c # # q"}},
       {{"developer", "S"}, {"user", "h # # c # # q"}}};
@@ -167,10 +168,12 @@ TEST(BlendPrompt, ModelTemplateErrorsNameMessages) {
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(p.status().message().find("messages: chat template "), std::string::npos) << p.status();
-  EXPECT_NE(p.status().message().find("raised: Conversation roles must alternate"), std::string::npos);
+  EXPECT_NE(p.status().message().find("raised: Conversation roles must alternate"),
+            std::string::npos);
   // The blend convention's own checks still apply.
   EXPECT_FALSE(RenderChat({{"user", "no chunks here"}}, gemma, " # # ", true).ok());
-  EXPECT_FALSE(RenderChat({{"user", "h # # c # # q"}, {"system", "late"}}, gemma, " # # ", true).ok());
+  EXPECT_FALSE(
+      RenderChat({{"user", "h # # c # # q"}, {"system", "late"}}, gemma, " # # ", true).ok());
 }
 
 TEST(BlendPrompt, DetectsTheChatFormat) {
@@ -563,7 +566,8 @@ TEST_F(HttpServerTest, RendersChatWithTheModelsOwnTemplate) {
   EXPECT_EQ(json::parse(second->body)["choices"][0]["message"]["content"],
             json::parse(first->body)["choices"][0]["text"]);
 
-  chat["messages"] = {{{"role", "system"}, {"content", "S"}}, {{"role", "user"}, {"content", kPrompt}}};
+  chat["messages"] = {{{"role", "system"}, {"content", "S"}},
+                      {{"role", "user"}, {"content", kPrompt}}};
   httplib::Result refused = Post("/v1/chat/completions", chat.dump());
   ASSERT_TRUE(refused);
   EXPECT_EQ(refused->status, 400) << refused->body;
