@@ -1,5 +1,8 @@
 #include "client/chat_presets.h"
 
+#include "absl/strings/str_cat.h"
+#include "engine/text/model_chat_template.h"
+
 namespace infoflow::cli {
 
 std::vector<std::string> ChatPresetNames() { return {"qwen", "llama3", "mistral", "glm4"}; }
@@ -25,6 +28,43 @@ std::optional<ChatPreset> FindChatPreset(const std::string& name, const std::str
                       "\n\nQuestion: {question}<|assistant|>\n"};
   }
   return std::nullopt;
+}
+
+absl::StatusOr<ChatPreset> ChatPresetForModel(const ModelChatInfo& model,
+                                              const std::string& system) {
+  constexpr char kQuestion[] = "\n\nQuestion: {question}";
+  if (!model.chat_template.empty()) {
+    absl::StatusOr<ChatTemplate> compiled = ChatTemplate::Parse(model.chat_template);
+    if (!compiled.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the model's chat template: ", compiled.status().message()));
+    }
+    ModelChatTemplate t;
+    t.source = model.chat_template;
+    t.origin = "the server's model";
+    t.compiled = *std::move(compiled);
+    t.bos_token = model.bos_token;
+    t.eos_token = model.eos_token;
+    t.add_bos_token = model.add_bos_token;
+    // The user's content is the chunks, then "Question: ..."; any non-empty
+    // text stands in for it when checking where the template puts it.
+    absl::StatusOr<FramedConversation> f =
+        FrameLastTurn(t, {{"system", system}, {"user", "context\n\nQuestion: ?"}});
+    if (!f.ok()) return f.status();
+    return ChatPreset{f->head, kQuestion + f->tail};
+  }
+  const std::string& m = model.model_type;
+  const char* name = m == "qwen2" || m == "qwen3"       ? "qwen"
+                     : m == "llama"                     ? "llama3"
+                     : m == "mistral" || m == "mixtral" ? "mistral"
+                     : m == "glm" || m == "glm4"        ? "glm4"
+                                                        : nullptr;
+  if (name == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--chat auto: the server's model has no chat template and model_type '", m,
+        "' has no preset; name one (--chat qwen|llama3|mistral|glm4) or give --prefix/--template"));
+  }
+  return *FindChatPreset(name, system);
 }
 
 }  // namespace infoflow::cli

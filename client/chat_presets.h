@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+
 namespace infoflow::cli {
 
 struct ChatPreset {
@@ -48,6 +50,25 @@ std::vector<std::string> ChatPresetNames();
 //            template's generation prompt; GLM-4-9B-chat's ends at
 //            <|assistant|> and the model writes the newline itself)
 std::optional<ChatPreset> FindChatPreset(const std::string& name, const std::string& system);
+
+// What the server reports about its model (ModelInfoResponse fields).
+struct ModelChatInfo {
+  std::string model_type;
+  std::string chat_template;  // "" = none
+  std::string bos_token, eos_token;
+  bool add_bos_token = false;
+};
+
+// `--chat auto`: with a chat template, the conversation [system, user] is
+// rendered by it (engine/text/model_chat_template.h, add_generation_prompt
+// true) and cut around the user's content: prefix = what precedes it (BOS as
+// the model's config says), template = "\n\nQuestion: {question}" + what
+// follows it, the same layout as the presets. Without one, the preset of
+// `model_type` (qwen2, qwen3 -> qwen; llama -> llama3; mistral, mixtral ->
+// mistral; glm, glm4 -> glm4). InvalidArgument when the template fails or
+// neither applies.
+absl::StatusOr<ChatPreset> ChatPresetForModel(const ModelChatInfo& model,
+                                              const std::string& system);
 
 }  // namespace infoflow::cli
 

@@ -23,7 +23,7 @@ constexpr char kUsage[] =
     "                      [--method infoflow|full|none|cacheblend|cacheblend_partial|\n"
     "                                infoflow_blend|epic|random] [--ratio R] [--deviation v|k]\n"
     "                      [--reorder] [--report] [--max-new-tokens N]\n"
-    "                      [--chat qwen|llama3|mistral] [--system TEXT|@FILE]\n"
+    "                      [--chat auto|qwen|llama3|mistral|glm4] [--system TEXT|@FILE]\n"
     "                      [--prefix TEXT|@FILE] [--template TEXT|@FILE] [--parse-special]\n"
     "                      [--prefix-mode bos|none] [--temperature T] [--top-p P] [--seed S]\n"
     "                      [--stop S]... [--stop-id ID]...\n"
@@ -33,9 +33,10 @@ constexpr char kUsage[] =
     "                  server: a shared prefix is prefilled once. @FILE reads it from FILE.\n"
     "  --template      text after the chunks; {question} is replaced by the question\n"
     "                  (special tokens parsed as in --prefix). Default \"\\n{question}\\n\".\n"
-    "  --chat NAME     set --prefix and --template to the chat format of qwen (ChatML), llama3\n"
-    "                  or mistral (exact strings: README.md, Instruct models); an explicit\n"
-    "                  --prefix or --template wins over the preset's\n"
+    "  --chat NAME     set --prefix and --template to the chat format of qwen (ChatML), llama3,\n"
+    "                  mistral or glm4 (exact strings: README.md, Instruct models), or with auto\n"
+    "                  to the server's model's own chat template (tokenizer_config.json), else\n"
+    "                  the preset of its model_type; an explicit --prefix or --template wins\n"
     "  --system TEXT   the system prompt --chat puts in its prefix (default \"You are a helpful\n"
     "                  assistant.\")\n"
     "  --parse-special special-token spellings in the question and --chunk-text/--chunk-file\n"
@@ -156,17 +157,20 @@ int RunQuery(int argc, char** argv) {
   req.mutable_sampling()->set_seed(seed);
   req.set_reorder(flags.Has("reorder"));
   std::string prefix, prompt_template;
-  if (flags.Has("chat")) {
-    std::string system = kDefaultSystemPrompt;
+  std::string system = kDefaultSystemPrompt;
+  const bool chat_auto = flags.Get("chat") == "auto";  // resolved once connected
+  if (flags.Has("chat") && !chat_auto) {
     if (flags.Has("system") && !TextOrFile("system", flags.Get("system"), &system)) return 1;
     std::optional<ChatPreset> preset = FindChatPreset(flags.Get("chat"), system);
     if (!preset) {
-      std::fprintf(stderr, "infoflow query: unknown --chat %s (one of: %s)\n",
+      std::fprintf(stderr, "infoflow query: unknown --chat %s (one of: auto, %s)\n",
                    flags.Get("chat").c_str(), absl::StrJoin(ChatPresetNames(), ", ").c_str());
       return 2;
     }
     prefix = preset->prefix;
     prompt_template = preset->prompt_template;
+  } else if (chat_auto) {
+    if (flags.Has("system") && !TextOrFile("system", flags.Get("system"), &system)) return 1;
   } else if (flags.Has("system")) {
     std::fprintf(stderr, "infoflow query: --system needs --chat (or write it into --prefix)\n");
     return 2;
@@ -205,6 +209,24 @@ int RunQuery(int argc, char** argv) {
     return 2;
   }
   client::Client c(*options);
+  if (chat_auto) {
+    absl::StatusOr<v1::ModelInfoResponse> info = c.ModelInfo();
+    if (!info.ok()) {
+      std::fprintf(stderr, "infoflow query: --chat auto: %s\n", info.status().ToString().c_str());
+      return 1;
+    }
+    absl::StatusOr<ChatPreset> preset =
+        ChatPresetForModel({info->model_type(), info->chat_template(), info->bos_token(),
+                            info->eos_token(), info->add_bos_token()},
+                           system);
+    if (!preset.ok()) {
+      std::fprintf(stderr, "infoflow query: --chat auto: %s\n",
+                   std::string(preset.status().message()).c_str());
+      return 2;
+    }
+    if (!flags.Has("prefix")) req.set_prefix(preset->prefix);
+    if (!flags.Has("template")) req.set_prompt_template(preset->prompt_template);
+  }
   auto report = c.Query(req, [](const v1::TokenEvent& t) {
     std::fwrite(t.text().data(), 1, t.text().size(), stdout);
     std::fflush(stdout);

@@ -21,6 +21,7 @@
 #include "engine/model/model.h"
 #include "engine/model/runtime.h"
 #include "engine/model/test_model.h"
+#include "engine/text/model_chat_template.h"
 #include "engine/text/tokenizer.h"
 #include "server/http/http_frontend.h"
 #include "server/idle_trimmer.h"
@@ -222,6 +223,14 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
   d.scheduler = s->scheduler.get();
   d.options = &s->options;
   d.kv_codec = *codec;
+  // A template we cannot parse is reported and left out: the named chat
+  // formats still serve (--http-chat-format auto falls back to them).
+  if (absl::StatusOr<std::optional<ModelChatTemplate>> t = LoadModelChatTemplate(s->model_dir);
+      !t.ok()) {
+    std::fprintf(stderr, "chat template not used: %s\n", std::string(t.status().message()).c_str());
+  } else if (t->has_value()) {
+    d.chat_template = std::make_shared<const ModelChatTemplate>(**std::move(t));
+  }
   if (!options.auth_token_file.empty()) {
     absl::StatusOr<std::string> token = ReadFile(options.auth_token_file, "--auth-token-file");
     if (!token.ok()) return token.status();

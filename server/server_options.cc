@@ -86,9 +86,11 @@ const char kServerUsage[] =
     "  --blend-separator S     splits an HTTP prompt (or last user message) into prefix,\n"
     "                          chunks and question, as LMCache's blend_special_str\n"
     "                          (default ' # # ')\n"
-    "  --http-chat-format F    chat format of /v1/chat/completions: auto (from the model's\n"
-    "                          tokenizer_config.json chat_template, else its model_type),\n"
-    "                          qwen, llama3, mistral, glm4 or plain (default auto)\n"
+    "  --http-chat-format F    chat format of /v1/chat/completions: auto (the model's own\n"
+    "                          chat template from tokenizer_config.json or chat_template.jinja,\n"
+    "                          rendered; without one, a named format by its markers or\n"
+    "                          model_type), template (the model's, required), qwen, llama3,\n"
+    "                          mistral, glm4 or plain (default auto)\n"
     "  --http-max-body-bytes N larger HTTP request bodies are refused with 413 (default 16 MiB)\n"
     "  --remote-fill-queue-bytes N\n"
     "                          a chunk fetched from the cluster is served at once and written\n"
@@ -182,11 +184,11 @@ absl::Status Apply(ServerOptions* o, const std::string& name, const std::string&
     if (value.empty()) return absl::InvalidArgumentError("--blend-separator: must not be empty");
     o->blend_separator = value;
   } else if (name == "http-chat-format") {
-    if (value != "auto" && value != "qwen" && value != "llama3" && value != "mistral" &&
-        value != "glm4" && value != "plain") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--http-chat-format: expected auto, qwen, llama3, mistral, glm4 or plain, "
-                       "got '", value, "'"));
+    if (value != "auto" && value != "template" && value != "qwen" && value != "llama3" &&
+        value != "mistral" && value != "glm4" && value != "plain") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--http-chat-format: expected auto, template, qwen, llama3, mistral, glm4 or plain, "
+          "got '", value, "'"));
     }
     o->http_chat_format = value;
   }

@@ -86,8 +86,8 @@ struct ServerOptions {
   // Splits an HTTP prompt into prefix, chunks and question (LMCache's
   // blend_special_str).
   std::string blend_separator = " # # ";
-  // Chat format of /v1/chat/completions: auto (tokenizer_config.json's
-  // chat_template, else model_type) or qwen | llama3 | mistral | plain.
+  // Chat format of /v1/chat/completions: auto (the model's chat template,
+  // else detected), template, or qwen | llama3 | mistral | glm4 | plain.
   std::string http_chat_format = "auto";
   uint64_t http_max_body_bytes = uint64_t{16} << 20;  // larger: 413
   // Records fetched from the cluster wait for their local write in a queue

@@ -508,6 +508,12 @@ grpc::Status AdminService::ModelInfo(grpc::ServerContext* ctx, const v1::ModelIn
   if (c.bos_token_id.has_value()) {
     resp->mutable_bos_token_id()->set_value(static_cast<int32_t>(*c.bos_token_id));
   }
+  if (d_->chat_template != nullptr) {
+    resp->set_chat_template(d_->chat_template->source);
+    resp->set_bos_token(d_->chat_template->bos_token);
+    resp->set_eos_token(d_->chat_template->eos_token);
+    resp->set_add_bos_token(d_->chat_template->add_bos_token);
+  }
   return grpc::Status::OK;
 }
 

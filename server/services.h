@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "engine/text/model_chat_template.h"
 #include "infoflow/v1/infoflow.grpc.pb.h"
 #include "server/chunk_resolver.h"
 #include "server/metrics.h"
@@ -30,6 +31,9 @@ struct ServiceDeps {
   const ServerOptions* options = nullptr;
   std::string auth_token;  // empty = no auth
   KvCodec kv_codec;        // how new chunk records are stored
+  // The model directory's chat template (tokenizer_config.json /
+  // chat_template.jinja); null when it has none or it does not parse.
+  std::shared_ptr<const ModelChatTemplate> chat_template;
 };
 
 // OK when no token is configured or the call carries

@@ -106,6 +106,13 @@ absl::StatusOr<ChatFormat> FindChatFormat(const std::string& name) {
   return f;
 }
 
+ChatFormat TemplateChatFormat(std::shared_ptr<const ModelChatTemplate> t) {
+  ChatFormat f;
+  f.name = "template";
+  f.model_template = std::move(t);
+  return f;
+}
+
 ChatFormat DetectChatFormat(std::string_view tokenizer_config_json, std::string_view model_type) {
   // Markers in the Jinja source are enough to tell the families apart; a
   // JSON-escaped template still contains them verbatim.
@@ -138,6 +145,32 @@ absl::StatusOr<BlendPrompt> RenderChat(const std::vector<ChatMessage>& messages,
   if (messages.empty()) return absl::InvalidArgumentError("messages: at least one message");
   if (messages.back().role != "user") {
     return absl::InvalidArgumentError("messages: the last message must have role 'user'");
+  }
+  if (format.model_template != nullptr) {
+    std::vector<ChatTurn> turns;
+    for (size_t i = 0; i < messages.size(); ++i) {
+      const ChatMessage& m = messages[i];
+      const bool system = m.role == "system" || m.role == "developer";
+      if (system && i != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("messages[", i, "]: a system message must come first"));
+      }
+      if (!system && m.role != "user" && m.role != "assistant") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "messages[", i, "].role: '", m.role, "' (expected system, user or assistant)"));
+      }
+      turns.push_back({system ? "system" : m.role, m.content});
+    }
+    absl::StatusOr<FramedConversation> framed = FrameLastTurn(*format.model_template, turns);
+    if (!framed.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("messages: ", framed.status().message()));
+    }
+    absl::StatusOr<BlendPrompt> p = FromPieces(SplitOnSeparator(framed->content, separator),
+                                               separator, need_chunks, "messages");
+    if (!p.ok()) return p.status();
+    p->prefix = framed->head + p->prefix;
+    p->prompt_template = absl::StrCat("{question}", framed->tail);
+    return p;
   }
   std::string head = format.bos;
   std::string pending_system;  // system_in_first_user: waits for the first user turn

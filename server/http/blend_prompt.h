@@ -9,11 +9,13 @@
 #ifndef INFOFLOW_SERVER_HTTP_BLEND_PROMPT_H_
 #define INFOFLOW_SERVER_HTTP_BLEND_PROMPT_H_
 
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/text/model_chat_template.h"
 
 namespace infoflow::server::http {
 
@@ -26,7 +28,7 @@ std::vector<std::string_view> SplitOnSeparator(std::string_view text, std::strin
 // client's --chat presets, client/chat_presets.h, which also add
 // "Question: " before the question).
 struct ChatFormat {
-  std::string name;        // "qwen", "llama3", "mistral", "glm4", "plain"
+  std::string name;        // "qwen", "llama3", "mistral", "glm4", "plain", "template"
   std::string bos;         // once, before the first message
   bool system_in_first_user = false;  // no system role: "{system}\n\n" opens the first user turn
   std::string system_open, system_close;
@@ -34,7 +36,13 @@ struct ChatFormat {
   std::string assistant_open, assistant_close;
   // After the last user message: closes its turn and opens the answer.
   std::string answer_open;
+  // Set for "template": the model's own chat template renders the messages
+  // (engine/text/model_chat_template.h) and the strings above are unused.
+  std::shared_ptr<const ModelChatTemplate> model_template;
 };
+
+// The format that renders with the model's own chat template.
+ChatFormat TemplateChatFormat(std::shared_ptr<const ModelChatTemplate> t);
 
 // Format names in --help order: qwen, llama3, mistral, glm4, plain.
 std::vector<std::string> ChatFormatNames();

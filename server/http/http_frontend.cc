@@ -306,7 +306,15 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(
         absl::StrCat("--http-listen: expected HOST:PORT, got '", options.listen, "'"));
   }
   const std::string host = options.listen.substr(0, colon);
-  if (options.chat_format == "auto") {
+  if (options.chat_format == "template" && deps->chat_template == nullptr) {
+    return absl::InvalidArgumentError(
+        "--http-chat-format template: the model directory has no usable chat template "
+        "(tokenizer_config.json chat_template or chat_template.jinja)");
+  }
+  if ((options.chat_format == "auto" || options.chat_format == "template") &&
+      deps->chat_template != nullptr) {
+    impl->ctx.chat_format = TemplateChatFormat(deps->chat_template);
+  } else if (options.chat_format == "auto") {
     impl->ctx.chat_format = DetectChatFormat(
         ReadTextFile((std::filesystem::path(options.model_dir) / "tokenizer_config.json").string()),
         deps->model->config().model_type);
@@ -314,7 +322,8 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(
     absl::StatusOr<ChatFormat> f = FindChatFormat(options.chat_format);
     if (!f.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--http-chat-format: '", options.chat_format, "' (auto, qwen, llama3, mistral, glm4, plain)"));
+          "--http-chat-format: '", options.chat_format,
+          "' (auto, template, qwen, llama3, mistral, glm4, plain)"));
     }
     impl->ctx.chat_format = *f;
   }

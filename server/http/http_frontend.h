@@ -32,8 +32,11 @@ namespace infoflow::server::http {
 struct HttpFrontendOptions {
   std::string listen;                 // "host:port"; port 0 = ephemeral
   std::string blend_separator = " # # ";
-  std::string chat_format = "auto";   // auto | qwen | llama3 | mistral | plain
-  std::string model_dir;              // auto: its tokenizer_config.json's chat_template
+  // auto (the model's chat template, ServiceDeps::chat_template, else
+  // detected from tokenizer_config.json / model_type) | template | qwen |
+  // llama3 | mistral | glm4 | plain
+  std::string chat_format = "auto";
+  std::string model_dir;              // auto without a template: its tokenizer_config.json
   uint64_t max_body_bytes = uint64_t{16} << 20;  // larger bodies: 413 before they are read
   int threads = 40;                   // connections served at once
 };

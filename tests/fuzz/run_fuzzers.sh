@@ -4,7 +4,7 @@
 #
 #   tests/fuzz/run_fuzzers.sh BUILD_DIR SECONDS [TARGET...]
 #
-# TARGET defaults to: safetensors tokenizer record openai_request. New corpus entries go to
+# TARGET defaults to: safetensors tokenizer record openai_request chat_template. New corpus entries go to
 # BUILD_DIR/fuzz-corpus/<target>/ (the source corpus is never written), crash
 # reproducers to BUILD_DIR/fuzz-artifacts/<target>/, logs to
 # BUILD_DIR/fuzz-logs/<target>.log. Exit status 1 if any target found a
@@ -14,14 +14,14 @@
 # BUILD_DIR/server/).
 set -euo pipefail
 if [[ $# -lt 2 ]]; then
-  echo "usage: $0 BUILD_DIR SECONDS [safetensors|tokenizer|record|openai_request ...]" >&2
+  echo "usage: $0 BUILD_DIR SECONDS [safetensors|tokenizer|record|openai_request|chat_template ...]" >&2
   exit 2
 fi
 BUILD=$(realpath -m "$1")
 SECONDS_PER=$2
 shift 2
 TARGETS=("$@")
-[[ ${#TARGETS[@]} -gt 0 ]] || TARGETS=(safetensors tokenizer record openai_request)
+[[ ${#TARGETS[@]} -gt 0 ]] || TARGETS=(safetensors tokenizer record openai_request chat_template)
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 JOBS=${JOBS:-2}
 

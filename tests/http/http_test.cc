@@ -17,6 +17,7 @@
 #include <fstream>
 #include <random>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -102,6 +103,77 @@ TEST(BlendPrompt, ChatHistoryGoesIntoThePrefix) {
   EXPECT_FALSE(
       RenderChat({{"tool", "x"}, {"user", "h # # c # # q"}}, *FindChatFormat("qwen"), " # # ", true)
           .ok());
+}
+
+std::shared_ptr<const ModelChatTemplate> RealTemplate(const std::string& file,
+                                                      const std::string& bos = "") {
+  std::ifstream in(std::string(INFOFLOW_SOURCE_DIR) + "/tests/data/chat_templates/" + file,
+                   std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  absl::StatusOr<std::optional<ModelChatTemplate>> t =
+      ModelChatTemplateFromFiles(json{{"bos_token", bos}}.dump(), ss.str());
+  EXPECT_TRUE(t.ok() && t->has_value()) << file;
+  return std::make_shared<const ModelChatTemplate>(**t);
+}
+
+// The models' own templates (real files, tests/data/chat_templates) give the
+// same blend split as the named formats, history and all.
+TEST(BlendPrompt, ModelTemplatesSplitAsTheNamedFormats) {
+  struct Case {
+    const char* file;
+    const char* bos;
+    const char* format;
+  } cases[] = {{"qwen3.jinja", "", "qwen"},
+               {"llama3.jinja", "<|begin_of_text|>", "llama3"},
+               {"llama3_1.jinja", "<|begin_of_text|>", "llama3"},
+               {"chatglm4.jinja", "", "glm4"}};
+  const std::vector<std::vector<ChatMessage>> conversations = {
+      {{"system", "Answer from the documents."},
+       {"user", "Docs: # # chunk one # # chunk two # # What is it?"}},
+      {{"user", "Docs: # # chunk one # # What is it?"}},
+      {{"system", "S"}, {"user", "u1"}, {"assistant", "a1"}, {"user", "h # # c # # q"}},
+      {{"developer", "S"}, {"user", "h # # c # # q"}}};
+  for (const Case& c : cases) {
+    const ChatFormat t = TemplateChatFormat(RealTemplate(c.file, c.bos));
+    EXPECT_EQ(t.name, "template");
+    for (size_t i = 0; i < conversations.size(); ++i) {
+      SCOPED_TRACE(std::string(c.file) + " conversation " + std::to_string(i));
+      absl::StatusOr<BlendPrompt> got = RenderChat(conversations[i], t, " # # ", true);
+      absl::StatusOr<BlendPrompt> want =
+          RenderChat(conversations[i], *FindChatFormat(c.format), " # # ", true);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_TRUE(want.ok()) << want.status();
+      EXPECT_EQ(got->prefix, want->prefix);
+      EXPECT_EQ(got->chunks, want->chunks);
+      EXPECT_EQ(got->question, want->question);
+      EXPECT_EQ(got->prompt_template, want->prompt_template);
+    }
+  }
+  // GLM-4.6 (zai-org's template): [gMASK]<sop> from the template, once; the
+  // generation prompt ends at <|assistant|>.
+  absl::StatusOr<BlendPrompt> glm = RenderChat({{"user", "h # # c # # q"}},
+                                               TemplateChatFormat(RealTemplate("glm4_6.jinja")),
+                                               " # # ", true);
+  ASSERT_TRUE(glm.ok()) << glm.status();
+  EXPECT_EQ(glm->prefix, "[gMASK]<sop><|user|>\nh");
+  EXPECT_EQ(glm->chunks, (std::vector<std::string>{"c"}));
+  EXPECT_EQ(glm->prompt_template, "{question}<|assistant|>");
+}
+
+TEST(BlendPrompt, ModelTemplateErrorsNameMessages) {
+  const ChatFormat gemma = TemplateChatFormat(RealTemplate("gemma3.jinja", "<bos>"));
+  absl::StatusOr<BlendPrompt> p =
+      RenderChat({{"user", "a"}, {"user", "h # # c # # q"}}, gemma, " # # ", true);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(p.status().message().find("messages: chat template "), std::string::npos) << p.status();
+  EXPECT_NE(p.status().message().find("raised: Conversation roles must alternate"),
+            std::string::npos);
+  // The blend convention's own checks still apply.
+  EXPECT_FALSE(RenderChat({{"user", "no chunks here"}}, gemma, " # # ", true).ok());
+  EXPECT_FALSE(
+      RenderChat({{"user", "h # # c # # q"}, {"system", "late"}}, gemma, " # # ", true).ok());
 }
 
 TEST(BlendPrompt, DetectsTheChatFormat) {
@@ -446,6 +518,86 @@ TEST_F(HttpServerTest, AnswersAsTheGrpcQueryDoesAndReportsCachedTokens) {
   EXPECT_EQ(b["infoflow"]["chunk_hits"], 2);
   std::printf("TTFT first (chunks prefilled) %.2f ms, second (chunks from the store) %.2f ms\n",
               a["infoflow"]["ttft_ms"].get<double>(), b["infoflow"]["ttft_ms"].get<double>());
+}
+
+// A model directory with a chat template in tokenizer_config.json: auto
+// picks it, chat requests are rendered by it (here it prints the user's
+// content, so the answer equals the completion's), its raise_exception is a
+// 400 naming messages, and ModelInfo hands the template to `--chat auto`.
+const char kTinyTemplate[] =
+    "{%- if messages|length > 1 %}{{ raise_exception('one message only') }}{% endif -%}"
+    "{%- for m in messages %}{{ m.content }}{% endfor %}";
+
+// infoflow-tiny's files (linked) in `dir`, with a tokenizer_config.json
+// holding kTinyTemplate.
+std::string TinyModelWithTemplate(const std::string& dir) {
+  const std::string model = dir + "/infoflow-tiny";  // the served model's name
+  fs::create_directories(model);
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json"}) {
+    fs::create_symlink(TinyModel() + "/" + f, model + "/" + f);
+  }
+  std::ofstream(model + "/tokenizer_config.json")
+      << json{{"chat_template", kTinyTemplate}, {"eos_token", "</s>"}}.dump();
+  return model;
+}
+
+TEST_F(HttpServerTest, RendersChatWithTheModelsOwnTemplate) {
+  const std::string model = TinyModelWithTemplate(dir_.path);
+  const std::string tmpl = kTinyTemplate;
+  srv_ = std::make_unique<testing::ServerProcess>(
+      INFOFLOW_SERVER_BIN, model, dir_.path + "/kv", dir_.path + "/server.log",
+      std::vector<std::string>{"--http-listen=127.0.0.1:0", "--threads=2", "--store-sync=false"});
+  std::string error;
+  ASSERT_TRUE(srv_->Start(&error)) << error;
+  port_ = HttpPort(*srv_);
+  ASSERT_GT(port_, 0) << srv_->log();
+  EXPECT_NE(srv_->log().find("chat format template"), std::string::npos) << srv_->log();
+
+  httplib::Result first = Post("/v1/completions", CompletionBody(false).dump());
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->status, 200) << first->body;
+  json chat = {{"model", "infoflow-tiny"},
+               {"messages", {{{"role", "user"}, {"content", kPrompt}}}},
+               {"max_tokens", 12},
+               {"temperature", 0}};
+  httplib::Result second = Post("/v1/chat/completions", chat.dump());
+  ASSERT_TRUE(second);
+  ASSERT_EQ(second->status, 200) << second->body;
+  EXPECT_EQ(json::parse(second->body)["choices"][0]["message"]["content"],
+            json::parse(first->body)["choices"][0]["text"]);
+
+  chat["messages"] = {{{"role", "system"}, {"content", "S"}},
+                      {{"role", "user"}, {"content", kPrompt}}};
+  httplib::Result refused = Post("/v1/chat/completions", chat.dump());
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400) << refused->body;
+  EXPECT_NE(refused->body.find("raised: one message only"), std::string::npos) << refused->body;
+  EXPECT_NE(refused->body.find("messages"), std::string::npos) << refused->body;
+
+  auto admin = v1::Admin::NewStub(srv_->channel());
+  grpc::ClientContext ctx;
+  v1::ModelInfoResponse info;
+  ASSERT_TRUE(admin->ModelInfo(&ctx, v1::ModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.chat_template(), tmpl);
+  EXPECT_EQ(info.eos_token(), "</s>");
+  EXPECT_FALSE(info.add_bos_token());
+}
+
+// An explicit named format wins over the model's template; "template" with
+// no template refuses to start.
+TEST_F(HttpServerTest, ExplicitChatFormatWinsAndTemplateNeedsOne) {
+  srv_ = std::make_unique<testing::ServerProcess>(
+      INFOFLOW_SERVER_BIN, TinyModelWithTemplate(dir_.path), dir_.path + "/kv",
+      dir_.path + "/server.log",
+      std::vector<std::string>{"--http-listen=127.0.0.1:0", "--http-chat-format=qwen"});
+  std::string error;
+  ASSERT_TRUE(srv_->Start(&error)) << error;
+  EXPECT_NE(srv_->log().find("chat format qwen"), std::string::npos) << srv_->log();
+  srv_ = std::make_unique<testing::ServerProcess>(
+      INFOFLOW_SERVER_BIN, TinyModel(), dir_.path + "/kv2", dir_.path + "/server2.log",
+      std::vector<std::string>{"--http-listen=127.0.0.1:0", "--http-chat-format=template"});
+  EXPECT_FALSE(srv_->Start(&error));
+  EXPECT_NE(error.find("--http-chat-format template"), std::string::npos) << error;
 }
 
 TEST_F(HttpServerTest, BadInputGetsAClearErrorAndTheServerStaysUp) {

@@ -25,6 +25,7 @@
 #include <mutex>
 #include <optional>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,7 @@
 #include "engine/model/test_model.h"
 #include "engine/text/tokenizer.h"
 #include "infoflow/v1/infoflow.grpc.pb.h"
+#include "nlohmann/json.hpp"
 #include "server/server.h"
 
 namespace infoflow::server {
@@ -633,6 +635,56 @@ TEST(InstructCliTest, PrefixTemplateAndChatPresets) {
   EXPECT_NE(out.find("tokens (prefilled or none)"), std::string::npos) << out;
   out = Shell(py, &rc);
   EXPECT_NE(out.find("tokens (from store)"), std::string::npos) << out;
+}
+
+// `infoflow query --chat auto` with a model directory holding Llama-3's real
+// chat template (tests/data/chat_templates/llama3.jinja): the server hands
+// the template over ModelInfo, the CLI renders it, and the prefix it gets is
+// the `--chat llama3` preset's to the byte (its stored KV is found by content
+// hash) with the same greedy answer. Without a template, auto takes the
+// preset of the model_type.
+TEST(InstructCliTest, ChatAutoRendersTheModelsOwnTemplate) {
+  const std::string model = TempDir("auto_model");
+  for (const auto& e : fs::directory_iterator(SmallModelDir(true))) {
+    fs::create_symlink(e.path(), fs::path(model) / e.path().filename());
+  }
+  std::ifstream in(INFOFLOW_SOURCE_DIR "/tests/data/chat_templates/llama3.jinja");
+  std::stringstream tmpl;
+  tmpl << in.rdbuf();
+  ASSERT_FALSE(tmpl.str().empty());
+  std::ofstream(model + "/tokenizer_config.json")
+      << nlohmann::json{{"chat_template", tmpl.str()}, {"bos_token", "<|begin_of_text|>"}}.dump();
+  Server srv;
+  ASSERT_NO_FATAL_FAILURE(srv.Start(model));
+  const std::string base = std::string(INFOFLOW_CLI_BIN) + " query --server 127.0.0.1:" +
+                           std::to_string(srv.server->port()) + " --chunk-text '" + kChunks[0] +
+                           "' --question 'Where?' --max-new-tokens 3 --report "
+                           "--system 'Be brief.' ";
+  auto answer_and_prefix = [](const std::string& out) {
+    const size_t report = out.find("method ");
+    const size_t prefix = out.find("prefix ");
+    EXPECT_NE(report, std::string::npos) << out;
+    EXPECT_NE(prefix, std::string::npos) << out;
+    return out.substr(0, report) + out.substr(prefix, out.find(" tokens", prefix) - prefix);
+  };
+  int rc = -1;
+  const std::string preset = Shell(base + "--chat llama3 2>&1", &rc);
+  ASSERT_EQ(rc, 0) << preset;
+  EXPECT_NE(preset.find("(prefilled)"), std::string::npos) << preset;
+  const std::string automatic = Shell(base + "--chat auto 2>&1", &rc);
+  ASSERT_EQ(rc, 0) << automatic;
+  EXPECT_NE(automatic.find("(from store)"), std::string::npos) << automatic;
+  EXPECT_EQ(answer_and_prefix(automatic), answer_and_prefix(preset));
+  fs::remove_all(model);
+
+  Server plain;  // no template: model_type llama -> the llama3 preset
+  ASSERT_NO_FATAL_FAILURE(plain.Start(SmallModelDir(true)));
+  const std::string out =
+      Shell(std::string(INFOFLOW_CLI_BIN) + " query --server 127.0.0.1:" +
+                std::to_string(plain.server->port()) + " --chunk-text '" + kChunks[0] +
+                "' --question 'Where?' --max-new-tokens 2 --chat auto 2>&1",
+            &rc);
+  EXPECT_EQ(rc, 0) << out;
 }
 
 }  // namespace
