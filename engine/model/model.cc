@@ -23,7 +23,7 @@ std::atomic<int64_t> g_attention_rows{0};
 // Query x key pairs from which Model::Attention uses the blocked kernel
 // (Model::SetBlockedAttentionMinPairs).
 std::atomic<int64_t> g_blocked_min_pairs{int64_t{64} * 64};
-// And from this many query rows: its tiles are 48 (query, head) rows, so a
+// And from this many query rows: its tiles are 24 (query, head) rows, so a
 // few queries would mostly compute padding.
 constexpr int64_t kBlockedAttentionMinQueries = 16;
 
