@@ -10,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "engine/model/blocked_attention.h"
 #include "engine/model/decode_attention.h"
 #include "engine/model/runtime.h"
 #include "engine/model/yield_point.h"
@@ -18,6 +19,13 @@ namespace infoflow {
 namespace {
 
 std::atomic<int64_t> g_attention_rows{0};
+
+// Query x key pairs from which Model::Attention uses the blocked kernel
+// (Model::SetBlockedAttentionMinPairs).
+std::atomic<int64_t> g_blocked_min_pairs{int64_t{64} * 64};
+// And from this many query rows: its tiles are 24 (query, head) rows, so a
+// few queries would mostly compute padding.
+constexpr int64_t kBlockedAttentionMinQueries = 16;
 
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   // Statistics in f32 even for bf16 activations, as Hugging Face does.
@@ -131,6 +139,15 @@ at::Tensor Model::Attention(const at::Tensor& q, const at::Tensor& k, const at::
                             AttentionColumnStats* stats_out, bool keys_sorted) {
   const int64_t n_heads = q.size(0), n_q = q.size(1), hd = q.size(2);
   g_attention_rows.fetch_add(n_q, std::memory_order_relaxed);
+  // Long prefill and recompute on the CPU in f32: the blocked kernel
+  // (engine/model/blocked_attention.h), unless column statistics are wanted
+  // (they need the normalised probabilities, which it never forms) or the
+  // call is too small for it to win (g_blocked_min_pairs, measured).
+  if (stats_out == nullptr && n_q >= kBlockedAttentionMinQueries &&
+      n_q * k.size(1) >= g_blocked_min_pairs.load(std::memory_order_relaxed) &&
+      BlockedAttentionCpuSupports(q, k, v, q_pos, k_pos)) {
+    return BlockedAttentionCpu(q, k, v, q_pos, k_pos, MathThreads());
+  }
   const int64_t n_kv = k.size(0), n_keys = k.size(1);
   const int64_t group = n_heads / n_kv;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
@@ -358,6 +375,10 @@ ForwardResult Model::Forward(const at::Tensor& tokens_in, const at::Tensor& posi
     result.logits = Logits(h);
   }
   return result;
+}
+
+void Model::SetBlockedAttentionMinPairs(int64_t pairs) {
+  g_blocked_min_pairs.store(pairs, std::memory_order_relaxed);
 }
 
 int64_t AttentionQueryRows() { return g_attention_rows.load(std::memory_order_relaxed); }

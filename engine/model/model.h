@@ -182,9 +182,17 @@ class Model {
   // position: causal prefill then does about half the work of a full mask.
   // Returns [H, q, hd]; `stats_out` (if non-null) gets the head-mean
   // probabilities' column statistics, accumulated per block of query rows.
+  // Without `stats_out`, on the CPU in f32 and from a size on
+  // (SetBlockedAttentionMinPairs) it runs the blocked, flash-style kernel
+  // of engine/model/blocked_attention.h instead (no score matrix, threads
+  // over MathThreads() cores; equal up to summation order, within 1e-5).
   static at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                               const at::Tensor& q_pos, const at::Tensor& k_pos,
                               AttentionColumnStats* stats_out, bool keys_sorted = false);
+  // Query x key pairs (q rows x N) from which Attention uses the blocked
+  // kernel; process-wide, default 4096. Benchmarks set it past every call
+  // to time the materialising path.
+  static void SetBlockedAttentionMinPairs(int64_t pairs);
 
   // DecodeStep's attention: query row b of q [H, B, hd] at q_pos[b] ([B]
   // int64) attends over caches[b]'s `layer` only. Returns [H, B, hd]; row b

@@ -5,7 +5,21 @@
 // `context`-token caches: what continuous batching can gain (issue 15).
 //
 //   engine_bench [--threads N] [--tokens 2048] [--context 4096] [--chunks 8]
-//                [--model DIR] [--reps 3]
+//                [--model DIR] [--reps 3] [--sections attention,prefill,methods,codecs,decode]
+//                [--methods FULL,INFOFLOW,...] [--attention blocked|materialised]
+//
+// --sections picks what runs (default: all), --methods which method rows
+// (first word of the row name; default: all), --attention which prefill /
+// recompute attention kernel Model::Attention uses (issue 30: blocked is the
+// default, materialised the path before it, for before/after runs).
+//
+// FLOP counts (matmul FLOPs, 2 per multiply-add): per token per layer the
+// projections 2 d (H + 2 Hkv) hd + 2 H hd d and the MLP 3 * 2 d ff; per
+// layer attention 2 * 2 H hd per visible (query, key) pair (QK^T and PV):
+// n(n+1)/2 pairs for causal prefill, sum over recomputed rows of the keys at
+// or before their position for recompute; the LM head 2 d vocab for the last
+// row only. The matmul peak is at::mm in this run, the best of 1024^3 and
+// the model's projection shapes at 2048 rows.
 //
 // Without --model it writes a generated 6-layer, 512-wide LLaMA (GQA 8/4,
 // SwiGLU 1408) to a temp dir. Prints one table; ratios are from this run.
@@ -17,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -49,22 +64,78 @@ double MedianMs(int reps, F f) {
   return t[t.size() / 2];
 }
 
-double MatmulPeakGflops(int reps) {
-  at::Tensor a = at::randn({1024, 1024}), b = at::randn({1024, 1024});
+// at::mm GFLOP/s of [m, k] x [k, n], median of `reps` runs.
+double MatmulGflops(int64_t m, int64_t k, int64_t n, int reps) {
+  at::Tensor a = at::randn({m, k}), b = at::randn({k, n});
   at::mm(a, b);  // warm up
-  const double ms = MedianMs(reps * 3, [&] { at::mm(a, b); });
-  return 2.0 * 1024 * 1024 * 1024 / (ms * 1e6);
+  const double ms = MedianMs(reps, [&] { at::mm(a, b); });
+  return 2.0 * m * k * n / (ms * 1e6);
+}
+
+// The best at::mm rate of this run: 1024^3 and the model's projection shapes
+// (fused QKV, o_proj, gate/up, down) over 2048 rows. Prints each.
+double MatmulPeakGflops(const ModelConfig& c, int reps) {
+  const int64_t d = c.hidden_size, q_width = c.num_attention_heads * c.head_dim,
+                qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim,
+                ff = c.intermediate_size, rows = 2048;
+  struct Shape {
+    const char* name;
+    int64_t m, k, n;
+  };
+  const Shape shapes[] = {{"1024^3", 1024, 1024, 1024}, {"qkv", rows, d, qkv},
+                          {"o_proj", rows, q_width, d}, {"gate_up", rows, d, 2 * ff},
+                          {"down", rows, ff, d}};
+  double best = 0;
+  std::printf("at::mm GFLOP/s:");
+  for (const Shape& s : shapes) {
+    const double g = MatmulGflops(s.m, s.k, s.n, reps * 3);
+    std::printf(" %s [%lld,%lld]x[%lld,%lld] %.1f;", s.name, (long long)s.m, (long long)s.k,
+                (long long)s.k, (long long)s.n, g);
+    best = std::max(best, g);
+  }
+  std::printf(" peak %.1f\n", best);
+  return best;
+}
+
+// Projection + MLP FLOPs of one token through one layer.
+double TokenLayerFlops(const ModelConfig& c) {
+  const double d = c.hidden_size, hd = c.head_dim, h = c.num_attention_heads,
+               kv = c.num_key_value_heads, ff = c.intermediate_size;
+  return 2 * (d * (h + 2 * kv) * hd + h * hd * d + 3 * d * ff);
 }
 
 // Matmul FLOPs of a prefill of n tokens: projections + MLP per token, QK^T and
 // PV over the causal triangle (n(n+1)/2 scores per head; the engine skips
 // keys past each query block), LM head for the last token.
 double PrefillFlops(const ModelConfig& c, int64_t n) {
-  const double d = c.hidden_size, hd = c.head_dim, h = c.num_attention_heads,
-               kv = c.num_key_value_heads, ff = c.intermediate_size;
-  const double per_token = 2 * (d * (h + 2 * kv) * hd + h * hd * d + 3 * d * ff);
-  const double attn = 2 * 2 * static_cast<double>(n) * (n + 1) / 2 * h * hd;
-  return c.num_hidden_layers * (n * per_token + attn) + 2 * d * c.vocab_size;
+  const double attn =
+      2 * 2 * static_cast<double>(n) * (n + 1) / 2 * c.num_attention_heads * c.head_dim;
+  return c.num_hidden_layers * (n * TokenLayerFlops(c) + attn) +
+         2.0 * c.hidden_size * c.vocab_size;
+}
+
+// Matmul FLOPs of recomputing `selected` context tokens (context index i at
+// position n_prefix + i, keys at positions 0..N-1) through every layer: the
+// projections and MLP per row, attention over the keys at or before it. No
+// LM head (the prompt's forward produces the first token).
+double RecomputeFlops(const ModelConfig& c, const std::vector<int64_t>& selected,
+                      int64_t n_prefix) {
+  double pairs = 0;
+  for (int64_t i : selected) pairs += static_cast<double>(n_prefix + i + 1);
+  return c.num_hidden_layers *
+         (selected.size() * TokenLayerFlops(c) +
+          2 * 2 * pairs * c.num_attention_heads * c.head_dim);
+}
+
+// Model::Attention on prefill-shaped inputs (n queries at positions 0..n-1
+// over the n keys), ms per call: the kernel crossover.
+double AttentionMs(const ModelConfig& c, int64_t n, int reps) {
+  at::Tensor q = at::randn({c.num_attention_heads, n, c.head_dim});
+  at::Tensor k = at::randn({c.num_key_value_heads, n, c.head_dim});
+  at::Tensor v = at::randn({c.num_key_value_heads, n, c.head_dim});
+  at::Tensor pos = at::arange(n, at::kLong);
+  Model::Attention(q, k, v, pos, pos, nullptr, true);  // warm up
+  return MedianMs(reps, [&] { Model::Attention(q, k, v, pos, pos, nullptr, true); });
 }
 
 std::vector<int32_t> Ids(int64_t n, uint32_t seed, int vocab) {
@@ -81,7 +152,7 @@ int Main(int argc, char** argv) {
   int threads = 0, reps = 3, chunks = 8;
   int64_t tokens = 2048, context = 4096, decode_context = -1;
   bool decode_only = false;
-  std::string dir;
+  std::string dir, sections = "attention,prefill,methods,codecs,decode", methods, attention;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string f = argv[i];
     if (f == "--threads") threads = std::atoi(argv[i + 1]);
@@ -92,14 +163,36 @@ int Main(int argc, char** argv) {
     else if (f == "--reps") reps = std::atoi(argv[i + 1]);
     else if (f == "--decode-context") decode_context = std::atoll(argv[i + 1]);
     else if (f == "--decode-only") decode_only = std::string(argv[i + 1]) == "true";
+    else if (f == "--sections") sections = argv[i + 1];
+    else if (f == "--methods") methods = argv[i + 1];
+    else if (f == "--attention") attention = argv[i + 1];
     else {
       std::fprintf(stderr, "usage: engine_bench [--threads N] [--tokens N] [--context N] "
                            "[--chunks N] [--model DIR] [--reps N] [--decode-context N (default "
-                           "--context)] [--decode-only true|false]\n");
+                           "--context)] [--decode-only true|false] [--sections LIST] "
+                           "[--methods LIST] [--attention blocked|materialised]\n");
       return 2;
     }
   }
   InitTorchRuntime(threads);
+  if (attention == "materialised") {
+    Model::SetBlockedAttentionMinPairs(std::numeric_limits<int64_t>::max());
+  } else if (!attention.empty() && attention != "blocked") {
+    std::fprintf(stderr, "--attention must be blocked or materialised\n");
+    return 2;
+  }
+  if (decode_only) sections = "decode";
+  auto listed = [](const std::string& list, const std::string& name) {
+    if (list.empty()) return true;
+    size_t start = 0;
+    while (start <= list.size()) {
+      const size_t end = std::min(list.find(',', start), list.size());
+      if (list.compare(start, end - start, name) == 0) return true;
+      start = end + 1;
+    }
+    return false;
+  };
+  const bool run_methods = listed(sections, "methods"), run_codecs = listed(sections, "codecs");
   if (dir.empty()) {
     dir = (std::filesystem::temp_directory_path() / "infoflow-bench-model").string();
     if (absl::Status s = bench::EnsureBenchModel(dir); !s.ok()) {
@@ -123,9 +216,32 @@ int Main(int argc, char** argv) {
               (long long)m.config().intermediate_size, at::get_num_threads(),
               LoadedBlasLibrary().c_str());
 
-  if (!decode_only) {
+  std::printf("threads: math %d; attention kernel: %s\n", MathThreads(),
+              attention == "materialised" ? "materialised" : "blocked from 4096 pairs");
+  const double peak = MatmulPeakGflops(m.config(), reps);
+
+  if (listed(sections, "attention")) {
+    // 0. Attention alone, prefill-shaped: materialised vs blocked.
+    std::printf("\nModel::Attention, n queries over n keys, causal (median of %d)\n", reps);
+    std::printf("%7s %16s %12s %9s %12s\n", "n", "materialised ms", "blocked ms", "speedup",
+                "blocked GF/s");
+    for (int64_t n : {64, 128, 256, 512, 1024, 2048, 4096}) {
+      Model::SetBlockedAttentionMinPairs(std::numeric_limits<int64_t>::max());
+      const double old_ms = AttentionMs(m.config(), n, reps);
+      Model::SetBlockedAttentionMinPairs(0);
+      const double new_ms = AttentionMs(m.config(), n, reps);
+      const double flops = 2 * 2 * static_cast<double>(n) * (n + 1) / 2 *
+                           m.config().num_attention_heads * m.config().head_dim;
+      std::printf("%7lld %16.2f %12.2f %9.2f %12.1f\n", (long long)n, old_ms, new_ms,
+                  old_ms / new_ms, flops / (new_ms * 1e6));
+    }
+    Model::SetBlockedAttentionMinPairs(attention == "materialised"
+                                           ? std::numeric_limits<int64_t>::max()
+                                           : int64_t{64} * 64);
+  }
+
+  if (listed(sections, "prefill")) {
   // 1. Prefill throughput vs matmul peak.
-  const double peak = MatmulPeakGflops(reps);
   const auto prompt = Ids(tokens, 1, vocab);
   {
     KvCache warm(m.n_layers());
@@ -135,11 +251,15 @@ int Main(int argc, char** argv) {
     KvCache cache(m.n_layers());
     PrefillTokens(m, prompt, 0, &cache);
   });
-  const double gflops = PrefillFlops(m.config(), tokens) / (prefill_ms * 1e6);
-  std::printf("\nprefill %lld tokens: %.1f ms, %.0f tokens/s, %.1f GFLOP/s; "
-              "torch::mm 1024^3 peak %.1f GFLOP/s; ratio %.2f\n",
-              (long long)tokens, prefill_ms, tokens / (prefill_ms / 1e3), gflops, peak,
-              gflops / peak);
+  const double flops = PrefillFlops(m.config(), tokens);
+  const double gflops = flops / (prefill_ms * 1e6);
+  std::printf("\nprefill %lld tokens: %.1f ms, %.0f tokens/s, %.1f GFLOP (%.1f GFLOP/s); "
+              "matmul peak %.1f GFLOP/s; fraction of peak %.2f\n",
+              (long long)tokens, prefill_ms, tokens / (prefill_ms / 1e3), flops / 1e9, gflops,
+              peak, gflops / peak);
+  }
+
+  if (run_methods || run_codecs) {
 
   // 2. Query-time cost per method at `context` tokens in `chunks` chunks.
   QueryInput in;
@@ -174,12 +294,22 @@ int Main(int argc, char** argv) {
   add("CACHEBLEND_PARTIAL r=0.15", Method::kCacheBlendPartial);
   add("EPIC k=4", Method::kEpic);
   add("RANDOM r=0.15", Method::kRandom);
+  rows.erase(std::remove_if(rows.begin(), rows.end(),
+                            [&](const Row& r) {
+                              const std::string name = r.name;
+                              return !listed(methods, name.substr(0, name.find(' ')));
+                            }),
+             rows.end());
+  if (!run_methods) rows.clear();
   DecodeOptions one;
   one.max_new_tokens = 1;
   std::printf("\n%lld context tokens in %d chunks, question %zu tokens (median of %d)\n",
               (long long)context, chunks, in.question_ids.size(), reps);
-  std::printf("%-28s %9s %9s %8s %8s %10s %8s %10s %9s\n", "method", "TTFT ms", "vs FULL",
-              "repos", "score", "recompute", "prompt", "recomputed", "rc/FULL");
+  if (!rows.empty()) {
+    std::printf("%-28s %9s %9s %8s %8s %10s %8s %10s %9s %9s %8s\n", "method", "TTFT ms",
+                "vs FULL", "repos", "score", "recompute", "prompt", "recomputed", "rc/FULL",
+                "rc GFLOP", "rc/peak");
+  }
   double full_ttft = 0, full_build = 0;
   for (const Row& r : rows) {
     std::vector<QueryResult> results;
@@ -188,13 +318,32 @@ int Main(int argc, char** argv) {
       if (q.ok()) results.push_back(*std::move(q));
     });
     if (results.empty()) return 1;
-    const StageTimings& t = results.back().plan.timings;
+    const RecomputePlan& plan = results.back().plan;
+    const StageTimings& t = plan.timings;
     if (r.o.method == Method::kFull) full_ttft = ttft, full_build = t.recompute_ms;
-    std::printf("%-28s %9.1f %9.3f %8.1f %8.1f %10.1f %8.1f %10zu %9.3f\n", r.name, ttft,
+    std::printf("%-28s %9.1f %9.3f %8.1f %8.1f %10.1f %8.1f %10zu %9.3f", r.name, ttft,
                 ttft / full_ttft, t.reposition_ms, t.score_ms, t.recompute_ms, t.prompt_ms,
-                results.back().plan.selected.size(), t.recompute_ms / full_build);
+                plan.selected.size(), t.recompute_ms / full_build);
+    // Achieved rate of the recompute stage where it is every layer of the
+    // selected rows in place (FULL: the whole context's prefill).
+    const int64_t n_prefix = static_cast<int64_t>(in.prefix_ids.size());
+    double rc_flops = 0;
+    if (r.o.method == Method::kFull) {
+      rc_flops = PrefillFlops(m.config(), n_prefix + plan.context_tokens) -
+                 2.0 * m.config().hidden_size * m.config().vocab_size;
+    } else if ((r.o.method == Method::kInfoFlow && !r.o.reorder) ||
+               r.o.method == Method::kRandom) {
+      rc_flops = RecomputeFlops(m.config(), plan.selected, n_prefix);
+    }
+    if (rc_flops > 0 && t.recompute_ms > 0) {
+      std::printf(" %9.1f %8.2f\n", rc_flops / 1e9,
+                  rc_flops / (t.recompute_ms * 1e6) / peak);
+    } else {
+      std::printf(" %9s %8s\n", "-", "-");
+    }
   }
 
+  if (run_codecs) {
   // 3. Stored KV per codec (issue 19): record bytes per token, decode
   // (fetch-side) throughput in decoded bytes, and INFOFLOW r=0.15 TTFT over
   // chunks that went through a record of the codec.
@@ -234,7 +383,10 @@ int Main(int argc, char** argv) {
                 ttft);
   }
 
-  }  // !decode_only
+  }  // run_codecs
+  }  // run_methods || run_codecs
+
+  if (!listed(sections, "decode")) return 0;
 
   // 4. Batched decode step: each of B requests has its own `context`-token
   // cache. Weights are read once per step; every request's K/V is read once
