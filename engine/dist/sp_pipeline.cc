@@ -297,14 +297,40 @@ absl::StatusOr<ShardedQueryResult> RunShardedQuery(const Model& model, SequenceP
   std::vector<int64_t> all_local(sh.rows[me]);
   std::iota(all_local.begin(), all_local.end(), 0);
 
+  // The prompt: rank 0's rows at positions after the context. FULL and
+  // INFOFLOW run them in the same ring pass as the context rows they
+  // (re)compute: exact, because the prompt's layer l reads the context's
+  // layer-l K/V, which that pass has written before it attends; one pass
+  // instead of two halves the bytes sent and the ring latency.
+  const int64_t n_prompt = static_cast<int64_t>(input.prompt_ids.size());
+  const int64_t next_position = n_prefix + L.n_ctx;
+  std::vector<int64_t> prompt_slots;
+  at::Tensor prompt_h;  // rank 0: the prompt rows' last-layer output
+  bool prompt_done = false;
+  auto ring_with_prompt = [&](const std::vector<int64_t>& ctx_slots) -> absl::Status {
+    if (me == 0) {
+      const int64_t first = sh.cache.AppendPositions(PositionRange(model, next_position, n_prompt));
+      for (int64_t i = 0; i < n_prompt; ++i) {
+        prompt_slots.push_back(first + i);
+        sh.slot_ids.push_back(input.prompt_ids[i]);
+      }
+    }
+    sh.rows[0] += n_prompt;
+    std::vector<int64_t> slots = ctx_slots;
+    slots.insert(slots.end(), prompt_slots.begin(), prompt_slots.end());
+    absl::StatusOr<at::Tensor> h = sh.RingLayers(
+        slots, slots.empty() ? at::Tensor() : sh.EmbedSlots(slots), 0, model.n_layers() - 1);
+    if (!h.ok()) return h.status();
+    if (me == 0) prompt_h = h->narrow(0, static_cast<int64_t>(ctx_slots.size()), n_prompt);
+    prompt_done = true;
+    return absl::OkStatus();
+  };
+
   if (options.method == Method::kFull) {
     Stopwatch sw;
     const int64_t first_pos = me == 0 ? 0 : n_prefix + L.ctx_begin[me];
     if (sh.rows[me] > 0) sh.cache.AppendPositions(PositionRange(model, first_pos, sh.rows[me]));
-    absl::StatusOr<at::Tensor> h =
-        sh.RingLayers(all_local, all_local.empty() ? at::Tensor() : sh.EmbedSlots(all_local), 0,
-                      model.n_layers() - 1);
-    if (!h.ok()) return h.status();
+    if (absl::Status s = ring_with_prompt(all_local); !s.ok()) return s;
     plan.selected.resize(L.n_ctx);
     std::iota(plan.selected.begin(), plan.selected.end(), 0);
     t.recompute_ms = sw.Ms();
@@ -348,10 +374,7 @@ absl::StatusOr<ShardedQueryResult> RunShardedQuery(const Model& model, SequenceP
       plan.selected = SelectTopK(*scores, k, eligible);
       t.select_ms = sel.Ms();
       Stopwatch rc;
-      std::vector<int64_t> slots = sh.LocalSlots(plan.selected);
-      absl::StatusOr<at::Tensor> h = sh.RingLayers(
-          slots, slots.empty() ? at::Tensor() : sh.EmbedSlots(slots), 0, model.n_layers() - 1);
-      if (!h.ok()) return h.status();
+      if (absl::Status st = ring_with_prompt(sh.LocalSlots(plan.selected)); !st.ok()) return st;
       t.recompute_ms = rc.Ms();
     } else if (options.method == Method::kInfoFlowBlend && k > 0) {
       // pipeline.cc's INFOFLOW_BLEND step by step, each rank on its share.
@@ -461,29 +484,19 @@ absl::StatusOr<ShardedQueryResult> RunShardedQuery(const Model& model, SequenceP
     }
   }
 
-  // The prompt: rank 0's rows at positions after the context.
+  // NONE and INFOFLOW_BLEND: the prompt in a pass of its own (BLEND's
+  // recompute starts at layer 1, the prompt's at layer 0).
   Stopwatch prompt;
-  const int64_t n_prompt = static_cast<int64_t>(input.prompt_ids.size());
-  const int64_t next_position = n_prefix + L.n_ctx;
-  std::vector<int64_t> prompt_slots;
-  if (me == 0) {
-    const int64_t first = sh.cache.AppendPositions(PositionRange(model, next_position, n_prompt));
-    for (int64_t i = 0; i < n_prompt; ++i) {
-      prompt_slots.push_back(first + i);
-      sh.slot_ids.push_back(input.prompt_ids[i]);
-    }
+  if (!prompt_done) {
+    if (absl::Status s = ring_with_prompt({}); !s.ok()) return s;
   }
-  sh.rows[0] += n_prompt;
-  absl::StatusOr<at::Tensor> h = sh.RingLayers(
-      prompt_slots, me == 0 ? sh.EmbedSlots(prompt_slots) : at::Tensor(), 0, model.n_layers() - 1);
-  if (!h.ok()) return h.status();
   t.prompt_ms = prompt.Ms();
   result.kv_bytes = sh.cache.bytes();
 
   std::optional<DecodeState> state;
   std::optional<NextToken> next;
   if (me == 0) {
-    result.first_logits = model.Logits(h->narrow(0, n_prompt - 1, 1)).to(at::kFloat);
+    result.first_logits = model.Logits(prompt_h.narrow(0, n_prompt - 1, 1)).to(at::kFloat);
     state.emplace(decode, tokenizer, next_position + n_prompt, cfg.max_position_embeddings,
                   on_token);
     Stopwatch first;
