@@ -14,8 +14,10 @@
 //                and the selected rows are recomputed with ring attention.
 //   INFOFLOW_BLEND  the same plus the layer-1 deviation of the probed rows
 //                (layer 0 by ring attention), recomputed from layer 1 on.
-// Then rank 0 prefills the prompt rows with ring attention and samples the
-// first token. Decode: the other ranks send their cache to rank 0, which
+// The prompt's rows (rank 0) run with ring attention too: in the same pass
+// as FULL's and INFOFLOW's context rows (exact: the prompt's layer l reads
+// only the context's layer-l K/V), in a pass of their own for NONE and
+// INFOFLOW_BLEND. Rank 0 samples the first token from the last prompt row. Decode: the other ranks send their cache to rank 0, which
 // decodes alone (Decode of engine/decode/); see DESIGN for why.
 // Reordering is not supported here (InvalidArgument).
 #ifndef INFOFLOW_ENGINE_DIST_SP_PIPELINE_H_

@@ -30,6 +30,7 @@
 #include "engine/dist/sp_group.h"
 #include "engine/dist/sp_pipeline.h"
 #include "engine/model/model.h"
+#include "engine/model/runtime.h"
 #include "tests/bench/bench_util.h"
 #include "tests/dist/sp_launch.h"
 
@@ -126,7 +127,7 @@ double CpuMs() {
 int RunRank(int argc, char** argv) {
   auto f = ParseFlags(argc, argv);
   Flags flags = ReadFlags(f);
-  at::set_num_threads(flags.threads);
+  InitTorchRuntime(flags.threads);  // OpenBLAS on `threads` cores, as the server
   std::unique_ptr<Model> model = LoadCpu(flags.model);
   if (!model) return 2;
   GroupOptions go;
@@ -197,7 +198,7 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
-  at::set_num_threads(flags.threads);
+  InitTorchRuntime(flags.threads);  // OpenBLAS on `threads` cores, as the server
   std::unique_ptr<Model> model = LoadCpu(flags.model);
   if (!model) return 2;
   std::printf(

@@ -28,6 +28,7 @@
 #include "engine/dist/sp_pipeline.h"
 #include "engine/model/forward.h"
 #include "engine/model/model.h"
+#include "engine/model/runtime.h"
 #include "engine/model/test_model.h"
 #include "tests/dist/sp_launch.h"
 
@@ -118,7 +119,7 @@ std::map<std::string, std::string> ParseFlags(int argc, char** argv) {
 }
 
 int RunRank(int argc, char** argv) {
-  at::set_num_threads(1);
+  InitTorchRuntime(1);  // one core per rank: OpenBLAS would take every core otherwise
   auto f = ParseFlags(argc, argv);
   std::unique_ptr<Model> model = LoadCpu(f["--sp-model"]);
   if (!model) return 2;
