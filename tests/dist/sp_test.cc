@@ -378,6 +378,78 @@ TEST_F(SequenceParallelTest, StalledRankFailsQueryWithinTimeout) {
   ExpectFaultNamesRank(3, 2, SIGSTOP);
 }
 
+// One rank: the group machinery with no peer equals the single process, and
+// requests this mode cannot run are refused before any exchange.
+TEST_F(SequenceParallelTest, OneRankMatchesOneProcessAndRefusesWhatItCannotRun) {
+  GroupOptions go;
+  go.timeout = std::chrono::milliseconds(5000);
+  absl::StatusOr<std::unique_ptr<SequenceParallelGroup>> group = SequenceParallelGroup::Join(go);
+  ASSERT_TRUE(group.ok()) << group.status();
+  EXPECT_GT((*group)->port(), 0);
+  const Scenario s = MakeScenario(*model_);
+  ShardedQueryInput in;
+  in.prefix_ids = s.prefix;
+  for (const auto& c : s.chunks) {
+    in.chunk_lengths.push_back(static_cast<int64_t>(c.size()));
+    absl::StatusOr<ChunkKv> kv = PrefillChunk(*model_, c, PrefixMode::kBos);
+    ASSERT_TRUE(kv.ok());
+    in.local_chunks.push_back(std::make_shared<ChunkKv>(std::move(*kv)));
+  }
+  in.question_ids = s.question;
+  in.prompt_ids = s.prompt;
+  const std::vector<Outcome> ref = Reference();
+  const std::vector<Case> cases = Cases();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].name);
+    absl::StatusOr<ShardedQueryResult> r =
+        RunShardedQuery(*model_, group->get(), in, cases[i].options, Greedy(), nullptr, {});
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->plan.selected, ref[i].selected);
+    EXPECT_EQ(r->decode.ids, ref[i].ids);
+    EXPECT_LT((r->first_logits.reshape({-1}) - ref[i].logits).abs().max().item<double>(), 1e-4);
+    EXPECT_EQ(r->bytes_sent, 0);
+  }
+  auto status_of = [&](const MethodOptions& o, const ShardedQueryInput& input) {
+    return RunShardedQuery(*model_, group->get(), input, o, Greedy(), nullptr, {}).status();
+  };
+  MethodOptions reorder;
+  reorder.reorder = true;
+  EXPECT_EQ(status_of(reorder, in).code(), absl::StatusCode::kInvalidArgument);
+  MethodOptions cacheblend;
+  cacheblend.method = Method::kCacheBlend;
+  EXPECT_EQ(status_of(cacheblend, in).code(), absl::StatusCode::kUnimplemented);
+  MethodOptions bad_ratio;
+  bad_ratio.ratio = 1.5;
+  EXPECT_EQ(status_of(bad_ratio, in).code(), absl::StatusCode::kInvalidArgument);
+  ShardedQueryInput missing = in;
+  missing.local_chunks.pop_back();
+  EXPECT_EQ(status_of(MethodOptions{}, missing).code(), absl::StatusCode::kInvalidArgument);
+  ShardedQueryInput no_prompt = in;
+  no_prompt.prompt_ids.clear();
+  EXPECT_EQ(status_of(MethodOptions{}, no_prompt).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A group whose other ranks never come is UNAVAILABLE after the timeout.
+TEST(SequenceParallelGroupTest, IncompleteGroupFailsJoinWithinTimeout) {
+  GroupOptions go;
+  go.world_size = 2;
+  go.timeout = std::chrono::milliseconds(1500);
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<std::unique_ptr<SequenceParallelGroup>> group = SequenceParallelGroup::Join(go);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(group.ok());
+  EXPECT_EQ(group.status().code(), absl::StatusCode::kUnavailable) << group.status();
+  EXPECT_LT(waited, 10.0);
+  GroupOptions bad;
+  bad.rank = 2;
+  bad.world_size = 2;
+  EXPECT_EQ(SequenceParallelGroup::Join(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad.rank = 1;
+  bad.port = 0;  // only rank 0 may ask for an ephemeral port
+  EXPECT_EQ(SequenceParallelGroup::Join(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ShardLayoutTest, SplitsContiguouslyByTokens) {
   ShardLayout l = SplitChunks({40, 33, 27, 45, 31, 38}, 1, 3);
   EXPECT_EQ(l.n_ctx, 214);
