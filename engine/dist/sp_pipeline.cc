@@ -230,6 +230,39 @@ absl::Status Validate(const Model& model, const ShardedQueryInput& input,
   return absl::OkStatus();
 }
 
+// FNV-1a over what every rank must agree on: method and knobs, ids,
+// chunk lengths, decode length.
+int64_t QueryDigest(const ShardedQueryInput& in, const MethodOptions& o, const DecodeOptions& d) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](int64_t x) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= static_cast<uint64_t>(x >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  auto mix_ids = [&mix](const std::vector<int32_t>& ids) {
+    mix(static_cast<int64_t>(ids.size()));
+    for (int32_t x : ids) mix(x);
+  };
+  mix(static_cast<int64_t>(o.method));
+  mix(std::llround(o.ratio * 1e9));
+  mix(std::llround(o.stale_share * 1e9));
+  mix(std::llround(o.probe_factor * 1e9));
+  mix(static_cast<int64_t>(o.variant));
+  mix(static_cast<int64_t>(o.deviation));
+  mix(static_cast<int64_t>(o.scoring_layers.size()));
+  for (int l : o.scoring_layers) mix(l);
+  mix_ids(in.prefix_ids);
+  mix_ids(in.question_ids);
+  mix_ids(in.prompt_ids);
+  mix(static_cast<int64_t>(in.chunk_lengths.size()));
+  for (int64_t x : in.chunk_lengths) mix(x);
+  mix(static_cast<int64_t>(in.chunk_prefix_mode));
+  mix(in.first_chunk_lossy ? 1 : 0);
+  mix(d.max_new_tokens);
+  return static_cast<int64_t>(h);
+}
+
 }  // namespace
 
 ShardLayout SplitChunks(const std::vector<int64_t>& chunk_lengths, int64_t n_prefix,
@@ -274,9 +307,29 @@ absl::StatusOr<ShardedQueryResult> RunShardedQuery(const Model& model, SequenceP
   const int me = group->rank(), n = group->world_size();
   const int64_t n_prefix = static_cast<int64_t>(input.prefix_ids.size());
   Shard sh(model, group, SplitChunks(input.chunk_lengths, n_prefix, n));
-  if (absl::Status s = Validate(model, input, options, sh.layout, me); !s.ok()) return s;
-  const ShardLayout& L = sh.layout;
   const int64_t bytes_before = group->bytes_sent();
+  // Every rank checks its own part, then all learn every verdict and a
+  // digest of each rank's query: a rank that refused, or was given another
+  // query, fails the query on every rank at once instead of leaving the
+  // others to time out in the ring.
+  const absl::Status valid = Validate(model, input, options, sh.layout, me);
+  at::Tensor mine =
+      at::tensor(std::vector<int64_t>{QueryDigest(input, options, decode), valid.ok() ? 1 : 0});
+  absl::StatusOr<std::vector<at::Tensor>> verdicts =
+      group->AllGather(mine.view({1, 2}), std::vector<int64_t>(n, 1));
+  if (!verdicts.ok()) return verdicts.status();
+  if (!valid.ok()) return valid;
+  for (int r = 0; r < n; ++r) {
+    const int64_t* v = (*verdicts)[r].data_ptr<int64_t>();
+    if (v[1] == 0) {
+      return absl::FailedPreconditionError(absl::StrCat("rank ", r, " refused the query"));
+    }
+    if (v[0] != mine.data_ptr<int64_t>()[0]) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", r, " was given a different query than rank ", me));
+    }
+  }
+  const ShardLayout& L = sh.layout;
   ShardedQueryResult result;
   RecomputePlan& plan = result.plan;
   StageTimings& t = plan.timings;

@@ -173,6 +173,14 @@ int RunRank(int argc, char** argv) {
       if (go.rank == 0 && i == 0) out << "RUNNING\n" << std::flush;
     }
   }
+  if (f["--sp-mode"] == "mismatch") {
+    // Rank 1 is given another question: every rank must refuse at once.
+    if (go.rank == 1) in.question_ids.back() ^= 1;
+    absl::StatusOr<ShardedQueryResult> r =
+        RunShardedQuery(*model, group->get(), in, MethodOptions{}, Greedy(), nullptr, {});
+    if (go.rank == 0) out << (r.ok() ? std::string("OK") : "ERR " + r.status().ToString()) << "\n";
+    return r.ok() ? 0 : 4;
+  }
   const std::vector<Case> cases = Cases();
   for (size_t i = 0; i < cases.size(); ++i) {
     absl::StatusOr<ShardedQueryResult> r =
@@ -376,6 +384,25 @@ TEST_F(SequenceParallelTest, ThreeRanksMatchOneProcess) { ExpectSameAsOneProcess
 TEST_F(SequenceParallelTest, KilledRankFailsQueryNamingIt) { ExpectFaultNamesRank(2, 1, SIGKILL); }
 TEST_F(SequenceParallelTest, StalledRankFailsQueryWithinTimeout) {
   ExpectFaultNamesRank(3, 2, SIGSTOP);
+}
+
+// Ranks given different queries (a bug in whoever feeds them) fail at once,
+// all of them, instead of computing garbage or timing out in the ring.
+TEST_F(SequenceParallelTest, RanksGivenDifferentQueriesRefuseAtOnce) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<pid_t> pids =
+      sp_launch::LaunchGroup(Base("mismatch", 60000), 2, (dir_ / "port").string());
+  ASSERT_EQ(pids.size(), 2u);
+  EXPECT_EQ(sp_launch::WaitExit(pids[0]), 4);
+  EXPECT_EQ(sp_launch::WaitExit(pids[1]), 4);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
+  std::ifstream in(dir_ / "out.txt");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_NE(
+      ss.str().find("ERR FAILED_PRECONDITION: rank 1 was given a different query than rank 0"),
+      std::string::npos)
+      << ss.str();
 }
 
 // One rank: the group machinery with no peer equals the single process, and
