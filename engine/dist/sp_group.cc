@@ -150,7 +150,7 @@ absl::Status SequenceParallelGroup::Wait(std::unique_ptr<PendingExchange> holder
     } catch (const std::exception& e) {
       error_ = absl::UnavailableError(
           absl::StrCat("rank ", op.peer, ": ", op.is_send ? "send to" : "receive from",
-                       " it failed within ", options_.timeout.count(), " ms: ", Brief(e)));
+                       " it failed (group timeout ", options_.timeout.count(), " ms): ", Brief(e)));
     }
     // Broken: the buffers of unfinished ops must outlive the backend's use.
     for (PendingExchange::State::Op& rest : ex->ops) {
