@@ -14,6 +14,7 @@ PKGS=(
   python3 python3-grpcio python3-grpc-tools python3-numpy python3-yaml curl
   clang libclang-rt-14-dev gnuplot-nox
   redis-server redis-tools libhiredis-dev libcpp-httplib-dev
+  libgloo-dev  # Gloo headers for libtorch's c10d ProcessGroupGloo (engine/dist/)
 )
 missing=()
 for p in "${PKGS[@]}"; do

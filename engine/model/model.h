@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -149,6 +150,20 @@ class Model {
   std::pair<at::Tensor, at::Tensor> LayerKv(int layer, const at::Tensor& h,
                                             const std::pair<at::Tensor, at::Tensor>& rope) const;
   at::Tensor Logits(const at::Tensor& hidden) const;  // final norm + LM head
+
+  // Layer(layer, h, ...) split at its attention, for callers that attend
+  // elsewhere (engine/dist/: ring attention across processes). LayerQkv is
+  // the layer's q [H, q, hd], k (RoPE applied) and v [Hkv, q, hd]; LayerOutput
+  // is the rest of the layer for attention output attn [H, q, hd]. Layer ==
+  // LayerOutput(h, Attention(LayerQkv(h) against the cache)).
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> LayerQkv(
+      int layer, const at::Tensor& h, const std::pair<at::Tensor, at::Tensor>& rope) const {
+    Qkv p = ProjectQkv(layer, h, rope, nullptr);
+    return {p.q, p.k, p.v};
+  }
+  at::Tensor LayerOutput(int layer, const at::Tensor& h, const at::Tensor& attn) const {
+    return OutputAndMlp(layer, h, attn);
+  }
 
   // One decode step for B independent requests (continuous batching): token
   // b (tokens [B] int64) at positions[b] is appended to caches[b] (B

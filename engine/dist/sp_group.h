@@ -1,0 +1,116 @@
+// A sequence-parallel group: N processes (ranks), one per device, joined by
+// libtorch's c10d (a TCPStore at HOST:PORT for rendezvous, ProcessGroupGloo
+// for the data). engine/dist/ splits one query's context across the ranks
+// (docs/DESIGN.md "Sequence parallelism").
+//
+// Every exchange is point to point (Gloo send/recv), even the collectives,
+// so a failure always names the peer it came from: a rank that died or
+// stalls makes the operation fail with UNAVAILABLE "rank R: ..." within the
+// group's timeout, never hang. After the first failure the group is broken:
+// every later call fails at once with that error, and the owner must exit
+// (or rebuild the group with every rank again).
+//
+// Ranks must call the same operations in the same order (each call draws the
+// next message tags from a counter that every rank advances alike).
+// Not thread-safe: one query at a time per group.
+#ifndef INFOFLOW_ENGINE_DIST_SP_GROUP_H_
+#define INFOFLOW_ENGINE_DIST_SP_GROUP_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace infoflow {
+
+struct GroupOptions {
+  std::string host = "127.0.0.1";  // rank 0's address (it hosts the TCPStore)
+  int port = 0;                    // rank 0: 0 = an ephemeral port (see on_store_ready)
+  int rank = 0;
+  int world_size = 1;
+  // Rendezvous and every exchange fail after this long without progress.
+  std::chrono::milliseconds timeout{30000};
+  // Rank 0 only: called with the store's bound port before waiting for the
+  // other ranks (how a launcher learns an ephemeral port).
+  std::function<void(int port)> on_store_ready;
+};
+
+// One posted exchange (sends and receives); SequenceParallelGroup::Wait
+// finishes it.
+class PendingExchange {
+ public:
+  PendingExchange();
+  ~PendingExchange();
+
+ private:
+  friend class SequenceParallelGroup;
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+class SequenceParallelGroup {
+ public:
+  // Joins the group: blocks until all world_size ranks have joined or the
+  // timeout passes (UNAVAILABLE). InvalidArgument for a bad rank/world size.
+  static absl::StatusOr<std::unique_ptr<SequenceParallelGroup>> Join(const GroupOptions& options);
+  ~SequenceParallelGroup();
+
+  int rank() const { return options_.rank; }
+  int world_size() const { return options_.world_size; }
+  int port() const { return port_; }
+  int next() const { return (rank() + 1) % world_size(); }
+  int prev() const { return (rank() + world_size() - 1) % world_size(); }
+  bool broken() const { return !error_.ok(); }
+
+  // Ring step: posts `send` (contiguous) to next() and receives into `recv`
+  // (contiguous, preallocated with the size both sides know) from prev().
+  // Undefined or empty tensors are skipped (the peer must skip them too).
+  // Returns the handle to wait on, so the caller can compute meanwhile.
+  std::unique_ptr<PendingExchange> StartRingExchange(const std::vector<at::Tensor>& send,
+                                                     const std::vector<at::Tensor>& recv);
+  absl::Status Wait(std::unique_ptr<PendingExchange> exchange);
+
+  // `t` (contiguous; same shape on every rank) gets root's value.
+  absl::Status Broadcast(at::Tensor* t, int root);
+  // Every rank's `local` (contiguous; dim 0 of rank r's is rows[r], the
+  // other dims equal everywhere) in rank order, on every rank.
+  absl::StatusOr<std::vector<at::Tensor>> AllGather(const at::Tensor& local,
+                                                    const std::vector<int64_t>& rows);
+  // Rank `root` receives every rank's `local` (as AllGather, but one way).
+  absl::StatusOr<std::vector<at::Tensor>> Gather(const at::Tensor& local,
+                                                 const std::vector<int64_t>& rows, int root);
+
+  // Payload bytes this rank has sent since it joined (or the last reset).
+  int64_t bytes_sent() const { return bytes_sent_; }
+  void reset_bytes_sent() { bytes_sent_ = 0; }
+
+  SequenceParallelGroup(const SequenceParallelGroup&) = delete;
+  SequenceParallelGroup& operator=(const SequenceParallelGroup&) = delete;
+
+ private:
+  struct Impl;
+  SequenceParallelGroup(GroupOptions options, std::unique_ptr<Impl> impl, int port);
+  friend class PendingExchange;
+
+  // Posts sends to / receives from the given peers and returns the handle.
+  std::unique_ptr<PendingExchange> Start(const std::vector<std::pair<int, at::Tensor>>& sends,
+                                         const std::vector<std::pair<int, at::Tensor>>& recvs);
+
+  GroupOptions options_;
+  std::unique_ptr<Impl> impl_;
+  int port_ = 0;
+  uint32_t tag_ = 0;
+  int64_t bytes_sent_ = 0;
+  absl::Status error_;
+};
+
+}  // namespace infoflow
+
+#endif  // INFOFLOW_ENGINE_DIST_SP_GROUP_H_
