@@ -47,7 +47,8 @@ absl::StatusOr<std::vector<float>> ReadF32(const SafetensorsModel& st, const std
     std::string want, got;
     for (int64_t d : shape) absl::StrAppend(&want, want.empty() ? "" : ",", d);
     for (int64_t d : (*t)->shape) absl::StrAppend(&got, got.empty() ? "" : ",", d);
-    return absl::InvalidArgumentError(absl::StrCat(name, " has shape [", got, "], want [", want, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " has shape [", got, "], want [", want, "]"));
   }
   switch ((*t)->dtype) {
     case DType::kF32:
@@ -128,7 +129,8 @@ absl::Status AddTokenizer(gguf::GgufWriter* w, const std::string& tokenizer_json
     return absl::InvalidArgumentError("tokenizer.json model.vocab is not an object");
   }
   for (const auto& [text, id] : model["vocab"].items()) {
-    if (!id.is_number_integer()) return absl::InvalidArgumentError("non-integer vocab id for " + text);
+    if (!id.is_number_integer())
+      return absl::InvalidArgumentError("non-integer vocab id for " + text);
     if (absl::Status s = place(text, id.get<int64_t>(), kTokenNormal); !s.ok()) return s;
   }
   if (t.contains("added_tokens") && t["added_tokens"].is_array()) {
@@ -152,7 +154,8 @@ absl::Status AddTokenizer(gguf::GgufWriter* w, const std::string& tokenizer_json
     }
   }
   if (padded > 0) {
-    summary->notes.push_back(absl::StrCat(padded, " ids above the tokenizer's vocabulary written as "
+    summary->notes.push_back(absl::StrCat(padded,
+                                          " ids above the tokenizer's vocabulary written as "
                                           "[PAD<id>] (UNUSED)"));
   }
   std::vector<std::string> merges;
@@ -181,7 +184,8 @@ absl::Status AddTokenizer(gguf::GgufWriter* w, const std::string& tokenizer_json
   w->AddStringArray("tokenizer.ggml.tokens", tokens);
   w->AddInt32Array("tokenizer.ggml.token_type", types);
   w->AddStringArray("tokenizer.ggml.merges", merges);
-  if (c.bos_token_id) w->AddUint32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(*c.bos_token_id));
+  if (c.bos_token_id)
+    w->AddUint32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(*c.bos_token_id));
   if (!c.eos_token_ids.empty()) {
     w->AddUint32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(c.eos_token_ids[0]));
   }
@@ -197,7 +201,8 @@ absl::Status AddTokenizer(gguf::GgufWriter* w, const std::string& tokenizer_json
 
 absl::StatusOr<std::string> DetectLlamaCppPreTokenizer(const std::string& tokenizer_json) {
   const json t = json::parse(tokenizer_json, nullptr, /*allow_exceptions=*/false);
-  if (t.is_discarded() || !t.is_object()) return absl::InvalidArgumentError("tokenizer.json is not JSON");
+  if (t.is_discarded() || !t.is_object())
+    return absl::InvalidArgumentError("tokenizer.json is not JSON");
   const json pre = t.value("pre_tokenizer", json());
   std::vector<json> steps;
   if (pre.is_object() && pre.value("type", "") == "Sequence" && pre.contains("pretokenizers") &&
@@ -305,13 +310,15 @@ absl::StatusOr<GgufExportSummary> ExportGguf(const std::string& model_dir,
     return AddWeight(&w, gg, PermuteRowsForAdjacentRope(*t, heads, hd, d), {heads * hd, d},
                      options.dtype);
   };
-  if (absl::Status s = copy("model.embed_tokens.weight", "token_embd.weight", {v, d}); !s.ok()) return s;
+  if (absl::Status s = copy("model.embed_tokens.weight", "token_embd.weight", {v, d}); !s.ok())
+    return s;
   if (c.rope_scaling.type == RopeScaling::Type::kLlama3) {
     // llama.cpp divides each frequency by rope_freqs[i]: the unscaled
     // inverse frequency over the scaled one.
     ModelConfig plain = c;
     plain.rope_scaling = RopeScaling();
-    const std::vector<double> base = RopeInverseFrequencies(plain), scaled = RopeInverseFrequencies(c);
+    const std::vector<double> base = RopeInverseFrequencies(plain),
+                              scaled = RopeInverseFrequencies(c);
     std::vector<float> factors(base.size());
     for (size_t i = 0; i < base.size(); ++i) factors[i] = static_cast<float>(base[i] / scaled[i]);
     if (absl::Status s = AddWeight(&w, "rope_freqs.weight", factors,

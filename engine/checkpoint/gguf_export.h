@@ -57,7 +57,7 @@ struct GgufExportOptions {
 struct GgufExportSummary {
   size_t num_tensors = 0;
   size_t num_kvs = 0;
-  std::string tokenizer_pre;  // The name written.
+  std::string tokenizer_pre;       // The name written.
   std::vector<std::string> notes;  // Things a user should know (printed by the CLI).
 };
 

@@ -22,7 +22,9 @@ void PutString(std::string* out, const std::string& s) {
   out->append(s);
 }
 
-uint64_t AlignUp(uint64_t n, uint64_t alignment) { return (n + alignment - 1) / alignment * alignment; }
+uint64_t AlignUp(uint64_t n, uint64_t alignment) {
+  return (n + alignment - 1) / alignment * alignment;
+}
 
 }  // namespace
 
@@ -32,9 +34,12 @@ GgufWriter::GgufWriter(uint32_t alignment) : alignment_(alignment) {}
 
 void GgufWriter::AddKv(const std::string& key, ValueType type, std::string encoded_value) {
   if (key_error_.empty()) {
-    if (key.empty()) key_error_ = "empty metadata key";
-    else if (key == "general.alignment") key_error_ = "general.alignment is set by the writer";
-    else if (!keys_.insert(key).second) key_error_ = "duplicate metadata key " + key;
+    if (key.empty())
+      key_error_ = "empty metadata key";
+    else if (key == "general.alignment")
+      key_error_ = "general.alignment is set by the writer";
+    else if (!keys_.insert(key).second)
+      key_error_ = "duplicate metadata key " + key;
   }
   std::string kv;
   PutString(&kv, key);
@@ -92,10 +97,12 @@ void GgufWriter::AddInt32Array(const std::string& key, const std::vector<int32_t
 absl::Status GgufWriter::AddTensor(const std::string& name, const std::vector<int64_t>& dims,
                                    TensorType type, const void* data, size_t nbytes) {
   if (name.empty() || name.size() >= 64) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor name '", name, "' must have 1..63 bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor name '", name, "' must have 1..63 bytes"));
   }
   if (dims.empty() || dims.size() > 4) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", name, ": 1..4 dims, not ", dims.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", name, ": 1..4 dims, not ", dims.size()));
   }
   uint64_t n = 1;
   for (int64_t d : dims) {
@@ -103,11 +110,13 @@ absl::Status GgufWriter::AddTensor(const std::string& name, const std::vector<in
       return absl::InvalidArgumentError(absl::StrCat("tensor ", name, ": bad dim ", d));
     }
     n *= static_cast<uint64_t>(d);
-    if (n > (uint64_t{1} << 40)) return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " too large"));
+    if (n > (uint64_t{1} << 40))
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " too large"));
   }
   if (n * TensorTypeSize(type) != nbytes) {
     return absl::InvalidArgumentError(absl::StrCat("tensor ", name, ": ", nbytes, " bytes for ", n,
-                                                   " elements of ", TensorTypeSize(type), " bytes"));
+                                                   " elements of ", TensorTypeSize(type),
+                                                   " bytes"));
   }
   if (!tensor_names_.insert(name).second) {
     return absl::InvalidArgumentError(absl::StrCat("duplicate tensor ", name));
@@ -119,7 +128,8 @@ absl::Status GgufWriter::AddTensor(const std::string& name, const std::vector<in
 absl::Status GgufWriter::WriteFile(const std::string& path) const {
   if (!key_error_.empty()) return absl::InvalidArgumentError(key_error_);
   if (alignment_ == 0 || (alignment_ & (alignment_ - 1)) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("alignment ", alignment_, " is not a power of 2"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("alignment ", alignment_, " is not a power of 2"));
   }
   std::string head;
   head.append("GGUF", 4);
@@ -157,7 +167,9 @@ absl::Status GgufWriter::WriteFile(const std::string& path) const {
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
-  if (ec) return absl::PermissionDeniedError(absl::StrCat("rename ", tmp, " -> ", path, ": ", ec.message()));
+  if (ec)
+    return absl::PermissionDeniedError(
+        absl::StrCat("rename ", tmp, " -> ", path, ": ", ec.message()));
   return absl::OkStatus();
 }
 

@@ -76,8 +76,8 @@ class GgufWriter {
   // >= 1) holding `data` (product(dims) * TensorTypeSize(type) bytes, copied).
   // InvalidArgument for an empty or repeated name (longer than 64 bytes is
   // refused too: ggml's GGML_MAX_NAME), a bad shape, or a size mismatch.
-  absl::Status AddTensor(const std::string& name, const std::vector<int64_t>& dims,
-                         TensorType type, const void* data, size_t nbytes);
+  absl::Status AddTensor(const std::string& name, const std::vector<int64_t>& dims, TensorType type,
+                         const void* data, size_t nbytes);
 
   // Writes the file to `path` (a temporary file renamed into place, so a
   // reader never sees a partial file). InvalidArgument for the metadata

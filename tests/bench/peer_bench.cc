@@ -119,17 +119,28 @@ int Main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (f == "--contexts") contexts_flag = value();
-    else if (f == "--threads") threads = std::atoi(value().c_str());
-    else if (f == "--reps") reps = std::atoi(value().c_str());
-    else if (f == "--decode-tokens") decode_tokens = std::atoi(value().c_str());
-    else if (f == "--chunks") chunks = std::atoi(value().c_str());
-    else if (f == "--model") model_dir = value();
-    else if (f == "--out") out_dir = value();
-    else if (f == "--llama-dir") llama_dir = value();
-    else if (f == "--flash-attention") flash = value();
-    else if (f == "--llama-kv-type") kv_type = value();
-    else if (f == "--gpu") gpu = true;
+    if (f == "--contexts")
+      contexts_flag = value();
+    else if (f == "--threads")
+      threads = std::atoi(value().c_str());
+    else if (f == "--reps")
+      reps = std::atoi(value().c_str());
+    else if (f == "--decode-tokens")
+      decode_tokens = std::atoi(value().c_str());
+    else if (f == "--chunks")
+      chunks = std::atoi(value().c_str());
+    else if (f == "--model")
+      model_dir = value();
+    else if (f == "--out")
+      out_dir = value();
+    else if (f == "--llama-dir")
+      llama_dir = value();
+    else if (f == "--flash-attention")
+      flash = value();
+    else if (f == "--llama-kv-type")
+      kv_type = value();
+    else if (f == "--gpu")
+      gpu = true;
     else {
       std::fprintf(stderr,
                    "usage: peer_bench [--contexts 2048,8192,16384] [--threads 2] [--reps 3]\n"
@@ -141,9 +152,11 @@ int Main(int argc, char** argv) {
   }
   const std::vector<int64_t> contexts = bench::ParseList(contexts_flag);
   if (contexts.empty() || reps < 1 || decode_tokens < 2 || chunks < 1 || threads < 1 ||
-      (flash != "auto" && flash != "on" && flash != "off") || (kv_type != "f16" && kv_type != "f32")) {
-    std::fprintf(stderr, "peer_bench: bad --contexts/--reps/--decode-tokens/--chunks/--threads/"
-                         "--flash-attention/--llama-kv-type\n");
+      (flash != "auto" && flash != "on" && flash != "off") ||
+      (kv_type != "f16" && kv_type != "f32")) {
+    std::fprintf(stderr,
+                 "peer_bench: bad --contexts/--reps/--decode-tokens/--chunks/--threads/"
+                 "--flash-attention/--llama-kv-type\n");
     return 2;
   }
   fs::create_directories(out_dir);
@@ -265,7 +278,8 @@ int Main(int argc, char** argv) {
       o.greedy = q->decode.ids;
       o.decode_tok_s = (decode_tokens - 1) / ((wall - q->ttft_ms) / 1e3);
     }
-    std::fprintf(stderr, "ours %lld: FULL %.1f ms, INFOFLOW %.1f ms, default %.1f ms, decode %.1f tok/s\n",
+    std::fprintf(stderr,
+                 "ours %lld: FULL %.1f ms, INFOFLOW %.1f ms, default %.1f ms, decode %.1f tok/s\n",
                  (long long)n, o.full_ms, o.infoflow_ms, o.default_ms, o.decode_tok_s);
     ours.push_back(std::move(o));
     request["runs"].push_back({{"name", std::to_string(n)},
@@ -278,8 +292,8 @@ int Main(int argc, char** argv) {
   const std::string req_path = fs::absolute(out_dir + "/llama_request.json").string();
   const std::string res_path = fs::absolute(out_dir + "/llama_result.json").string();
   std::ofstream(req_path) << request.dump();
-  const std::string cmd = "cd '" + llama_dir + "' && node llama_peer.mjs '" + req_path + "' > '" +
-                          res_path + "'";
+  const std::string cmd =
+      "cd '" + llama_dir + "' && node llama_peer.mjs '" + req_path + "' > '" + res_path + "'";
   if (std::system(cmd.c_str()) != 0) {
     std::fprintf(stderr, "peer_bench: llama.cpp run failed: %s\n", cmd.c_str());
     return 1;
@@ -295,7 +309,8 @@ int Main(int argc, char** argv) {
   table << "llama.cpp " << build.value("release", "?") << " (" << build.value("repo", "?")
         << ", node-llama-cpp " << build.value("binding_version", "?") << " "
         << build.value("build_type", "?") << ", " << (gpu ? "CUDA" : "CPU") << "), flash attention "
-        << flash << ", KV cache " << kv_type << "; ours " << (gpu ? "CUDA" : "CPU") << " f32; " << threads << " threads; "
+        << flash << ", KV cache " << kv_type << "; ours " << (gpu ? "CUDA" : "CPU") << " f32; "
+        << threads << " threads; "
         << "torch::mm 1024^3 peak " << static_cast<int>(std::lround(peak)) << " GFLOP/s; median of "
         << reps << "\n\n";
   table << "| context | llama.cpp FULL ms | ours FULL ms (x) | ours INFOFLOW r=0.15 ms (x) | "
@@ -325,12 +340,13 @@ int Main(int argc, char** argv) {
     while (same < lg.size() && same < o.greedy.size() && lg[same] == o.greedy[same]) ++same;
     const double flops = PrefillFlops(c, static_cast<int64_t>(r.value("n_tokens", 0)));
     const double l_frac = flops / (l_ms * 1e6) / peak, o_frac = flops / (o.full_ms * 1e6) / peak;
-    std::snprintf(buf, sizeof buf,
-                  "| %lld | %.0f | %.0f (%.2f) | %.0f (%.2f) | %.0f (%.2f) | %.2f, %.2f | %.1f, %.1f | "
-                  "%s | %.2e | %zu/%d |\n",
-                  (long long)contexts[i], l_ms, o.full_ms, o.full_ms / l_ms, o.infoflow_ms,
-                  o.infoflow_ms / l_ms, o.default_ms, o.default_ms / l_ms, l_frac, o_frac, l_dec,
-                  o.decode_tok_s, top1 ? "yes" : "NO", max_diff, same, decode_tokens);
+    std::snprintf(
+        buf, sizeof buf,
+        "| %lld | %.0f | %.0f (%.2f) | %.0f (%.2f) | %.0f (%.2f) | %.2f, %.2f | %.1f, %.1f | "
+        "%s | %.2e | %zu/%d |\n",
+        (long long)contexts[i], l_ms, o.full_ms, o.full_ms / l_ms, o.infoflow_ms,
+        o.infoflow_ms / l_ms, o.default_ms, o.default_ms / l_ms, l_frac, o_frac, l_dec,
+        o.decode_tok_s, top1 ? "yes" : "NO", max_diff, same, decode_tokens);
     table << buf;
     std::snprintf(buf, sizeof buf, "%lld,%.2f,%.2f,%.2f,%.2f,%.4f,%.4f,%.2f,%.2f,%d,%.3e,%zu\n",
                   (long long)contexts[i], l_ms, o.full_ms, o.infoflow_ms, o.default_ms, l_frac,

@@ -39,7 +39,9 @@ const out = {
   tokenize: [],
   runs: [],
 };
-for (const text of req.tokenize ?? []) out.tokenize.push(Array.from(model.tokenize(text, false)));
+// Special-token spellings in the text become their ids (parse_special), no
+// BOS/EOS added: what the engine's Tokenizer::Encode(text) does.
+for (const text of req.tokenize ?? []) out.tokenize.push(Array.from(model.tokenize(text, true)));
 
 const greedy = { temperature: 0 };
 const now = () => Number(process.hrtime.bigint()) / 1e6;
