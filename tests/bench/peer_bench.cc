@@ -188,7 +188,14 @@ int Main(int argc, char** argv) {
   }
   const std::string gguf_path = out_dir + "/model.gguf";
   GgufExportOptions eo;
-  eo.tokenizer_pre = "gpt-2";  // Ids are fed directly; the tokenizer is not used here.
+  // Ids are fed directly, so a split rule llama.cpp lacks does not matter here.
+  {
+    std::ifstream tj(model_dir + "/tokenizer.json");
+    std::stringstream ss;
+    ss << tj.rdbuf();
+    absl::StatusOr<std::string> pre = DetectLlamaCppPreTokenizer(ss.str());
+    eo.tokenizer_pre = pre.ok() ? *pre : "gpt-2";
+  }
   absl::StatusOr<GgufExportSummary> exported = ExportGguf(model_dir, gguf_path, eo);
   if (!exported.ok()) {
     std::fprintf(stderr, "export: %s\n", exported.status().ToString().c_str());

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs the prebuilt llama.cpp that tests/bench/peer_bench and the GGUF
 # round-trip test drive: the npm package node-llama-cpp and its CPU binary
-# package @node-llama-cpp/linux-x64 (with --cuda also the CUDA one,
-# @node-llama-cpp/linux-x64-cuda), pinned below, into DIR/node_modules.
+# package @node-llama-cpp/linux-x64 (with --cuda also the CUDA ones,
+# @node-llama-cpp/linux-x64-cuda and its -cuda-ext companion, which load only
+# where the CUDA runtime libraries, libcudart/libcublas, are on the library
+# path), pinned below, into DIR/node_modules.
 # Nothing is installed globally, and nothing is built or downloaded from
 # GitHub: NODE_LLAMA_CPP_SKIP_DOWNLOAD makes the package's postinstall skip
 # its source download/build, optional platform packages are left out unless
@@ -16,7 +18,8 @@ for tool in node npm; do
   command -v "$tool" >/dev/null || { echo "FAIL: $tool is not installed (needs node >= 20 + npm)"; exit 1; }
 done
 pkgs=("node-llama-cpp@$NODE_LLAMA_CPP_VERSION" "@node-llama-cpp/linux-x64@$NODE_LLAMA_CPP_VERSION")
-[[ "$cuda" == --cuda ]] && pkgs+=("@node-llama-cpp/linux-x64-cuda@$NODE_LLAMA_CPP_VERSION")
+[[ "$cuda" == --cuda ]] && pkgs+=("@node-llama-cpp/linux-x64-cuda@$NODE_LLAMA_CPP_VERSION"
+                                  "@node-llama-cpp/linux-x64-cuda-ext@$NODE_LLAMA_CPP_VERSION")
 mkdir -p "$dir"
 [[ -f "$dir/package.json" ]] || \
   echo '{"name": "infoflow-llama-cpp-peer", "private": true, "type": "module"}' > "$dir/package.json"
