@@ -11,6 +11,7 @@ int RunGenerate(int argc, char** argv);
 int RunIngest(int argc, char** argv);  // gRPC client: cmd_ingest.cc
 int RunQuery(int argc, char** argv);   // cmd_query.cc
 int RunStats(int argc, char** argv);   // cmd_stats.cc
+int RunExportGguf(int argc, char** argv);  // cmd_export_gguf.cc
 
 }  // namespace infoflow::cli
 

@@ -20,11 +20,13 @@ const Command kCommands[] = {
     {"ingest", infoflow::cli::RunIngest, "store chunk KV of files on a server (gRPC)"},
     {"query", infoflow::cli::RunQuery, "ask a question over stored chunks (gRPC, streams)"},
     {"stats", infoflow::cli::RunStats, "model info and store statistics of a server"},
+    {"export-gguf", infoflow::cli::RunExportGguf,
+     "write a model directory as GGUF for llama.cpp (no server)"},
 };
 
 void PrintUsage(FILE* out) {
   std::fprintf(out, "usage: infoflow <command> [flags]\n\ncommands:\n");
-  for (const Command& c : kCommands) std::fprintf(out, "  %-10s %s\n", c.name, c.help);
+  for (const Command& c : kCommands) std::fprintf(out, "  %-11s %s\n", c.name, c.help);
   std::fprintf(out, "\nRun 'infoflow <command> --help' for the flags of one command.\n");
 }
 

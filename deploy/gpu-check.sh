@@ -14,7 +14,14 @@
 #     GPU: infoflow-server --device cuda --model DIR, chunks ingested first, then
 #     one query per method with --report (ttft from the server's report);
 #  5. with GPU_CHECK_CPU_BENCH=1 also engine_bench --model DIR --context N
-#     (engine_bench has no --device flag and runs on cpu).
+#     (engine_bench has no --device flag and runs on cpu);
+#  6. when nvidia-smi sees a GPU: tests/bench/peer_bench --gpu, the engine on
+#     CUDA beside llama.cpp's CUDA prebuilt (npm @node-llama-cpp/linux-x64-cuda)
+#     on the GGUF export of the generated bench model, contexts PEER_CONTEXTS
+#     (default 2048,8192,16384). llama.cpp comes from PEER_LLAMA_DIR (default
+#     $BUILD/peer-llama-cpp); where this machine has no npm registry, fill it
+#     beforehand: bash tests/bench/peer/install-llama-cpp.sh DIR --cuda.
+#     PEER_BENCH=0 skips it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:?usage: gpu-check.sh MODEL_DIR [\"8192 16384 32768\"]}
@@ -30,7 +37,8 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,dri
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   echo "== 1. build (INFOFLOW_CUDA=ON, Torch_DIR=$Torch_DIR)"
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DINFOFLOW_CUDA=ON -DTorch_DIR="$Torch_DIR" >/dev/null
-  cmake --build "$BUILD" -j"$JOBS" --target infoflow-server infoflow infoflow-eval engine_tests engine_bench
+  cmake --build "$BUILD" -j"$JOBS" --target infoflow-server infoflow infoflow-eval engine_tests engine_bench \
+    peer_bench
 
   echo "== 2. engine_tests"
   "$BUILD"/tests/engine/engine_tests --gtest_brief=1
@@ -119,5 +127,14 @@ if [ "${GPU_CHECK_CPU_BENCH:-0}" = 1 ]; then
   for n in $CONTEXTS; do
     "$BUILD"/tests/bench/engine_bench --model "$MODEL" --context "$n" --chunks "$CHUNKS" --reps 1
   done
+fi
+if [ "${PEER_BENCH:-1}" = 1 ] && command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  echo "== 6. peer_bench --gpu: ours (CUDA) beside llama.cpp (CUDA prebuilt)"
+  # llama.cpp's CUDA prebuilt needs libcudart/libcublas: take them from the
+  # PyTorch wheel's nvidia-* packages when the system has none.
+  NV_LIBS=$(python3 -c 'import glob, os, nvidia; print(":".join(sorted(glob.glob(os.path.join(list(nvidia.__path__)[0], "*", "lib")))))' 2>/dev/null || true)
+  LD_LIBRARY_PATH="${NV_LIBS:+$NV_LIBS:}${LD_LIBRARY_PATH:-}" "$BUILD"/tests/bench/peer_bench --gpu \
+    --contexts "${PEER_CONTEXTS:-2048,8192,16384}" --reps 3 --threads "${PEER_THREADS:-2}" \
+    --llama-dir "${PEER_LLAMA_DIR:-$BUILD/peer-llama-cpp}" --out "$BUILD/peer-gpu"
 fi
 echo "gpu-check: done"
