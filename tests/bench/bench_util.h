@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/checkpoint/model_config.h"
 #include "engine/model/test_model.h"
 
 namespace infoflow::bench {
@@ -32,6 +33,48 @@ inline double Quantile(std::vector<double> v, double q) {
   return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
 }
 inline double Median(const std::vector<double>& v) { return Quantile(v, 0.5); }
+
+inline double NowMs() { return Ms(std::chrono::steady_clock::now().time_since_epoch()); }
+
+// Median ms of `reps` calls of f().
+template <typename F>
+double MedianMs(int reps, F f) {
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const double s = NowMs();
+    f();
+    t.push_back(NowMs() - s);
+  }
+  return Median(t);
+}
+
+// n pseudo-random token ids in [4, vocab) (xorshift32; same seed => same ids).
+inline std::vector<int32_t> Ids(int64_t n, uint32_t seed, int vocab) {
+  std::vector<int32_t> ids;
+  uint32_t x = 2463534242u + seed;
+  for (int64_t i = 0; i < n; ++i) {
+    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+    ids.push_back(static_cast<int32_t>(4 + x % (vocab - 4)));
+  }
+  return ids;
+}
+
+// Projection + MLP FLOPs of one token through one layer.
+inline double TokenLayerFlops(const ModelConfig& c) {
+  const double d = c.hidden_size, hd = c.head_dim, h = c.num_attention_heads,
+               kv = c.num_key_value_heads, ff = c.intermediate_size;
+  return 2 * (d * (h + 2 * kv) * hd + h * hd * d + 3 * d * ff);
+}
+
+// Matmul FLOPs of a prefill of n tokens: projections + MLP per token, QK^T and
+// PV over the causal triangle (n(n+1)/2 scores per head; the engine skips
+// keys past each query block), LM head for the last token.
+inline double PrefillFlops(const ModelConfig& c, int64_t n) {
+  const double attn =
+      2 * 2 * static_cast<double>(n) * (n + 1) / 2 * c.num_attention_heads * c.head_dim;
+  return c.num_hidden_layers * (n * TokenLayerFlops(c) + attn) +
+         2.0 * c.hidden_size * c.vocab_size;
+}
 
 // "1,4,16" -> {1, 4, 16}; empty items are skipped.
 inline std::vector<int64_t> ParseList(const std::string& s) {

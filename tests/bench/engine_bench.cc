@@ -46,23 +46,11 @@
 namespace infoflow {
 namespace {
 
-double NowMs() {
-  return std::chrono::duration<double, std::milli>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-template <typename F>
-double MedianMs(int reps, F f) {
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    const double s = NowMs();
-    f();
-    t.push_back(NowMs() - s);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+using bench::Ids;
+using bench::MedianMs;
+using bench::NowMs;
+using bench::PrefillFlops;
+using bench::TokenLayerFlops;
 
 // at::mm GFLOP/s of [m, k] x [k, n], median of `reps` runs.
 double MatmulGflops(int64_t m, int64_t k, int64_t n, int reps) {
@@ -97,23 +85,6 @@ double MatmulPeakGflops(const ModelConfig& c, int reps) {
   return best;
 }
 
-// Projection + MLP FLOPs of one token through one layer.
-double TokenLayerFlops(const ModelConfig& c) {
-  const double d = c.hidden_size, hd = c.head_dim, h = c.num_attention_heads,
-               kv = c.num_key_value_heads, ff = c.intermediate_size;
-  return 2 * (d * (h + 2 * kv) * hd + h * hd * d + 3 * d * ff);
-}
-
-// Matmul FLOPs of a prefill of n tokens: projections + MLP per token, QK^T and
-// PV over the causal triangle (n(n+1)/2 scores per head; the engine skips
-// keys past each query block), LM head for the last token.
-double PrefillFlops(const ModelConfig& c, int64_t n) {
-  const double attn =
-      2 * 2 * static_cast<double>(n) * (n + 1) / 2 * c.num_attention_heads * c.head_dim;
-  return c.num_hidden_layers * (n * TokenLayerFlops(c) + attn) +
-         2.0 * c.hidden_size * c.vocab_size;
-}
-
 // Matmul FLOPs of recomputing `selected` context tokens (context index i at
 // position n_prefix + i, keys at positions 0..N-1) through every layer: the
 // projections and MLP per row, attention over the keys at or before it. No
@@ -136,16 +107,6 @@ double AttentionMs(const ModelConfig& c, int64_t n, int reps) {
   at::Tensor pos = at::arange(n, at::kLong);
   Model::Attention(q, k, v, pos, pos, nullptr, true);  // warm up
   return MedianMs(reps, [&] { Model::Attention(q, k, v, pos, pos, nullptr, true); });
-}
-
-std::vector<int32_t> Ids(int64_t n, uint32_t seed, int vocab) {
-  std::vector<int32_t> ids;
-  uint32_t x = 2463534242u + seed;
-  for (int64_t i = 0; i < n; ++i) {
-    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
-    ids.push_back(static_cast<int32_t>(4 + x % (vocab - 4)));
-  }
-  return ids;
 }
 
 int Main(int argc, char** argv) {

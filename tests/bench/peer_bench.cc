@@ -48,51 +48,20 @@
 namespace infoflow {
 namespace {
 
+using bench::Ids;
+using bench::MedianMs;
+using bench::NowMs;
+using bench::PrefillFlops;
+using bench::TokenLayerFlops;
+
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-double NowMs() {
-  return std::chrono::duration<double, std::milli>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-template <typename F>
-double MedianMs(int reps, F f) {
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    const double s = NowMs();
-    f();
-    t.push_back(NowMs() - s);
-  }
-  return bench::Median(t);
-}
 
 double MatmulPeakGflops(int reps, c10::Device device) {
   at::Tensor a = at::randn({1024, 1024}).to(device), b = at::randn({1024, 1024}).to(device);
   at::mm(a, b).sum().item<float>();
   const double ms = MedianMs(reps * 3, [&] { at::mm(a, b).sum().item<float>(); });
   return 2.0 * 1024 * 1024 * 1024 / (ms * 1e6);
-}
-
-// engine_bench's count: projections + MLP per token, QK^T and PV over the
-// causal triangle, LM head for the last token.
-double PrefillFlops(const ModelConfig& c, int64_t n) {
-  const double d = c.hidden_size, hd = c.head_dim, h = c.num_attention_heads,
-               kv = c.num_key_value_heads, ff = c.intermediate_size;
-  const double per_token = 2 * (d * (h + 2 * kv) * hd + h * hd * d + 3 * d * ff);
-  const double attn = 2 * 2 * static_cast<double>(n) * (n + 1) / 2 * h * hd;
-  return c.num_hidden_layers * (n * per_token + attn) + 2 * d * c.vocab_size;
-}
-
-std::vector<int32_t> Ids(int64_t n, uint32_t seed, int vocab) {
-  std::vector<int32_t> ids;
-  uint32_t x = 2463534242u + seed;
-  for (int64_t i = 0; i < n; ++i) {
-    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
-    ids.push_back(static_cast<int32_t>(4 + x % (vocab - 4)));
-  }
-  return ids;
 }
 
 int Argmax(const std::vector<float>& v) {

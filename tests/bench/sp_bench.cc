@@ -37,15 +37,11 @@
 namespace infoflow {
 namespace {
 
-std::vector<int32_t> Ids(int64_t n, uint32_t seed, int vocab) {
-  std::vector<int32_t> ids;
-  uint32_t x = 2463534242u + seed;
-  for (int64_t i = 0; i < n; ++i) {
-    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
-    ids.push_back(static_cast<int32_t>(4 + x % (vocab - 4)));
-  }
-  return ids;
-}
+using bench::Ids;
+using bench::MedianMs;
+using bench::NowMs;
+using bench::PrefillFlops;
+using bench::TokenLayerFlops;
 
 struct Flags {
   std::vector<int64_t> contexts = {8192, 16384};
