@@ -29,7 +29,9 @@ class Stopwatch {
   std::chrono::steady_clock::time_point start_;
 };
 
-absl::Status Validate(const Model& model, const QueryInput& input, const MethodOptions& options) {
+}  // namespace
+
+absl::Status ValidateMethodOptions(const Model& model, const MethodOptions& options) {
   if (!(options.ratio >= 0.0 && options.ratio <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat("ratio must be in [0, 1], got ", options.ratio));
   }
@@ -42,39 +44,46 @@ absl::Status Validate(const Model& model, const QueryInput& input, const MethodO
     return absl::InvalidArgumentError(
         absl::StrCat("probe_factor must be in [0, 1e6], got ", options.probe_factor));
   }
-  if (input.chunks.empty()) return absl::InvalidArgumentError("chunks: need at least one chunk");
-  if (input.prompt_ids.empty()) return absl::InvalidArgumentError("prompt: no tokens");
-  const auto& c = model.config();
-  for (size_t i = 0; i < input.chunks.size(); ++i) {
-    const ChunkKv* ch = input.chunks[i].get();
-    if (ch == nullptr || ch->size() == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("chunks[", i, "] is empty"));
-    }
-    if (static_cast<int>(ch->k.size()) != model.n_layers() ||
-        static_cast<int>(ch->v.size()) != model.n_layers() || ch->k[0].dim() != 3 ||
-        ch->k[0].size(0) != c.num_key_value_heads || ch->k[0].size(1) != ch->size() ||
-        ch->k[0].size(2) != c.head_dim) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("chunks[", i, "]: KV shape does not match the model"));
-    }
-  }
-  if (input.prefix_kv != nullptr) {
-    const ChunkKv& p = *input.prefix_kv;
-    if (p.token_ids != input.prefix_ids) {
-      return absl::InvalidArgumentError("prefix_kv: its tokens are not prefix_ids");
-    }
-    if (static_cast<int>(p.k.size()) != model.n_layers() ||
-        static_cast<int>(p.v.size()) != model.n_layers() || p.k[0].dim() != 3 ||
-        p.k[0].size(0) != c.num_key_value_heads || p.k[0].size(1) != p.size() ||
-        p.k[0].size(2) != c.head_dim) {
-      return absl::FailedPreconditionError("prefix_kv: KV shape does not match the model");
-    }
-  }
   for (int l : options.scoring_layers) {
     if (l < 0 || l >= model.n_layers()) {
       return absl::InvalidArgumentError(
           absl::StrCat("scoring_layers: layer ", l, " outside [0, ", model.n_layers(), ")"));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckKvShape(const Model& model, const ChunkKv& kv, const std::string& what) {
+  const auto& c = model.config();
+  if (static_cast<int>(kv.k.size()) != model.n_layers() ||
+      static_cast<int>(kv.v.size()) != model.n_layers() || kv.k[0].dim() != 3 ||
+      kv.k[0].size(0) != c.num_key_value_heads || kv.k[0].size(1) != kv.size() ||
+      kv.k[0].size(2) != c.head_dim) {
+    return absl::FailedPreconditionError(absl::StrCat(what, ": KV shape does not match the model"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status Validate(const Model& model, const QueryInput& input, const MethodOptions& options) {
+  if (absl::Status s = ValidateMethodOptions(model, options); !s.ok()) return s;
+  if (input.chunks.empty()) return absl::InvalidArgumentError("chunks: need at least one chunk");
+  if (input.prompt_ids.empty()) return absl::InvalidArgumentError("prompt: no tokens");
+  for (size_t i = 0; i < input.chunks.size(); ++i) {
+    const ChunkKv* ch = input.chunks[i].get();
+    if (ch == nullptr || ch->size() == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("chunks[", i, "] is empty"));
+    }
+    if (absl::Status s = CheckKvShape(model, *ch, absl::StrCat("chunks[", i, "]")); !s.ok()) {
+      return s;
+    }
+  }
+  if (input.prefix_kv != nullptr) {
+    if (input.prefix_kv->token_ids != input.prefix_ids) {
+      return absl::InvalidArgumentError("prefix_kv: its tokens are not prefix_ids");
+    }
+    if (absl::Status s = CheckKvShape(model, *input.prefix_kv, "prefix_kv"); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

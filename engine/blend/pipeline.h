@@ -76,6 +76,15 @@ struct BlendedContext {
   BlendedContext(int n_layers) : cache(n_layers) {}
 };
 
+// The checks BuildContext makes on `options` alone: ratio and stale_share
+// in [0, 1], lego_k >= 0, probe_factor in [0, 1e6], scoring layers in
+// range. InvalidArgument naming the field. (engine/dist reuses them.)
+absl::Status ValidateMethodOptions(const Model& model, const MethodOptions& options);
+
+// OK when `kv` has one [num_kv_heads, kv.size(), head_dim] K and V per
+// layer; else FailedPrecondition "<what>: KV shape does not match the model".
+absl::Status CheckKvShape(const Model& model, const ChunkKv& kv, const std::string& what);
+
 // Builds the merged context by `options.method`. InvalidArgument for ratio
 // outside [0, 1], bad scoring layers, empty chunks, or chunks whose K/V
 // shapes do not fit the model.

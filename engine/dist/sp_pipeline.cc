@@ -191,40 +191,22 @@ absl::Status Validate(const Model& model, const ShardedQueryInput& input,
   if (options.reorder) {
     return absl::InvalidArgumentError("reorder is not supported with sequence parallelism");
   }
-  if (!(options.ratio >= 0.0 && options.ratio <= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat("ratio must be in [0, 1], got ", options.ratio));
-  }
-  if (!(options.stale_share >= 0.0 && options.stale_share <= 1.0)) {
-    return absl::InvalidArgumentError("stale_share must be in [0, 1]");
-  }
-  if (!(options.probe_factor >= 0.0 && options.probe_factor <= 1e6)) {
-    return absl::InvalidArgumentError("probe_factor must be in [0, 1e6]");
-  }
+  if (absl::Status s = ValidateMethodOptions(model, options); !s.ok()) return s;
   if (input.chunk_lengths.empty()) return absl::InvalidArgumentError("chunks: need at least one");
   if (input.prompt_ids.empty()) return absl::InvalidArgumentError("prompt: no tokens");
-  for (int l : options.scoring_layers) {
-    if (l < 0 || l >= model.n_layers()) {
-      return absl::InvalidArgumentError(absl::StrCat("scoring_layers: layer ", l, " out of range"));
-    }
-  }
   const int n_local = layout.chunk_end[rank] - layout.chunk_begin[rank];
   if (static_cast<int>(input.local_chunks.size()) != n_local) {
     return absl::InvalidArgumentError(absl::StrCat("local_chunks: rank ", rank, " holds ", n_local,
                                                    " chunks, got ", input.local_chunks.size()));
   }
-  const auto& c = model.config();
   for (int i = 0; i < n_local; ++i) {
     const ChunkKv* ch = input.local_chunks[i].get();
     const int64_t want = input.chunk_lengths[layout.chunk_begin[rank] + i];
     if (ch == nullptr || ch->size() != want || want == 0) {
       return absl::InvalidArgumentError(absl::StrCat("local_chunks[", i, "]: length mismatch"));
     }
-    if (static_cast<int>(ch->k.size()) != model.n_layers() ||
-        static_cast<int>(ch->v.size()) != model.n_layers() || ch->k[0].dim() != 3 ||
-        ch->k[0].size(0) != c.num_key_value_heads || ch->k[0].size(1) != ch->size() ||
-        ch->k[0].size(2) != c.head_dim) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("local_chunks[", i, "]: KV shape does not match the model"));
+    if (absl::Status s = CheckKvShape(model, *ch, absl::StrCat("local_chunks[", i, "]")); !s.ok()) {
+      return s;
     }
   }
   return absl::OkStatus();
