@@ -8,47 +8,21 @@
 #include <limits>
 #include <thread>
 
+#include "engine/model/float_vectors.h"
+
 namespace infoflow {
 namespace {
 
-// Eight floats as a GCC/Clang vector: one AVX register in the x86-64-v3
-// clone below, two SSE registers in the baseline one. These helpers are
-// inlined into the kernel, so GCC's note that passing F8 by value has
-// another ABI with and without AVX (-Wpsabi) concerns no real call.
-#pragma GCC diagnostic ignored "-Wpsabi"
-typedef float F8 __attribute__((vector_size(32)));
-inline F8 Load8(const float* p) {
-  F8 r;
-  std::memcpy(&r, p, sizeof r);
-  return r;
-}
-inline void Store8(float* p, F8 x) { std::memcpy(p, &x, sizeof x); }
+// Eight floats (simd::F8): one AVX register in the x86-64-v3 clone below,
+// two SSE registers in the baseline one.
+using simd::ExpNonPositive;
+using simd::F8;
+using simd::Load;
+using simd::Store;
+// Pairwise, in this order: the kernel's results are pinned bit for bit
+// across thread counts.
 inline float Sum8(F8 x) {
   return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
-}
-
-// exp(x) for x <= 0, eight at a time (Cephes expf: x = n ln2 + r, |r| <=
-// ln2/2, a degree-6 polynomial in r, times 2^n from the exponent bits);
-// within 2 ulp of std::exp. Below -87 (past float's normal range) it gives
-// exp(-87), ~1.6e-38, not 0: weights that small change no sum.
-typedef int I8 __attribute__((vector_size(32)));
-inline F8 ExpNonPositive8(F8 x) {
-  const F8 lo = F8{} - 87.0f;
-  x = x < lo ? lo : x;
-  const F8 magic = F8{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const F8 n = (x * 1.44269504088896341f + magic) - magic;
-  const F8 r = (x - n * 0.693359375f) - n * -2.12194440e-4f;  // ln2 in two parts
-  F8 p = F8{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const F8 y = p * r * r + r + 1.0f;
-  const I8 bits = (__builtin_convertvector(n, I8) + 127) << 23;
-  F8 scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return y * scale;
 }
 
 // The build targets baseline x86-64 (SSE2); the kernel is also compiled for
@@ -106,11 +80,11 @@ void AttendKvHead(const float* q, int64_t q_head, int64_t group, int64_t hd, flo
       const float* qh = qs + h * hd;
       F8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
       for (int64_t d = 0; d < hd; d += 8) {
-        const F8 x = Load8(qh + d);
-        a0 += x * Load8(k0 + d);
-        a1 += x * Load8(k1 + d);
-        a2 += x * Load8(k2 + d);
-        a3 += x * Load8(k3 + d);
+        const F8 x = Load<F8>(qh + d);
+        a0 += x * Load<F8>(k0 + d);
+        a1 += x * Load<F8>(k1 + d);
+        a2 += x * Load<F8>(k2 + d);
+        a3 += x * Load<F8>(k3 + d);
       }
       float* sh = s + h * m + t;
       sh[0] = Sum8(a0), sh[1] = Sum8(a1), sh[2] = Sum8(a2), sh[3] = Sum8(a3);
@@ -120,7 +94,7 @@ void AttendKvHead(const float* q, int64_t q_head, int64_t group, int64_t hd, flo
     const float* k0 = k + idx[t] * k_row;
     for (int64_t h = 0; h < group; ++h) {
       F8 a0 = {};
-      for (int64_t d = 0; d < hd; d += 8) a0 += Load8(qs + h * hd + d) * Load8(k0 + d);
+      for (int64_t d = 0; d < hd; d += 8) a0 += Load<F8>(qs + h * hd + d) * Load<F8>(k0 + d);
       s[h * m + t] = Sum8(a0);
     }
   }
@@ -132,8 +106,8 @@ void AttendKvHead(const float* q, int64_t q_head, int64_t group, int64_t hd, flo
     F8 sums = {};
     int64_t i = 0;
     for (; i + 8 <= m; i += 8) {
-      const F8 e = ExpNonPositive8(Load8(sh + i) - max);
-      Store8(sh + i, e);
+      const F8 e = ExpNonPositive<F8>(Load<F8>(sh + i) - max);
+      Store<F8>(sh + i, e);
       sums += e;
     }
     float sum = Sum8(sums);
@@ -150,21 +124,22 @@ void AttendKvHead(const float* q, int64_t q_head, int64_t group, int64_t hd, flo
     const float* v3 = v + idx[t + 3] * v_row;
     Prefetch(v, v_row, hd, idx, m, t + kAhead);
     for (int64_t d = 0; d < hd; d += 8) {
-      const F8 x0 = Load8(v0 + d), x1 = Load8(v1 + d), x2 = Load8(v2 + d), x3 = Load8(v3 + d);
+      const F8 x0 = Load<F8>(v0 + d), x1 = Load<F8>(v1 + d);
+      const F8 x2 = Load<F8>(v2 + d), x3 = Load<F8>(v3 + d);
       for (int64_t h = 0; h < group; ++h) {
         const float* p = s + h * m + t;
         float* o = out + h * out_head + d;
-        Store8(o, Load8(o) + (p[0] * x0 + p[1] * x1) + (p[2] * x2 + p[3] * x3));
+        Store<F8>(o, Load<F8>(o) + (p[0] * x0 + p[1] * x1) + (p[2] * x2 + p[3] * x3));
       }
     }
   }
   for (; t < m; ++t) {
     const float* v0 = v + idx[t] * v_row;
     for (int64_t d = 0; d < hd; d += 8) {
-      const F8 x0 = Load8(v0 + d);
+      const F8 x0 = Load<F8>(v0 + d);
       for (int64_t h = 0; h < group; ++h) {
         float* o = out + h * out_head + d;
-        Store8(o, Load8(o) + s[h * m + t] * x0);
+        Store<F8>(o, Load<F8>(o) + s[h * m + t] * x0);
       }
     }
   }
