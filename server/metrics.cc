@@ -20,6 +20,7 @@
 #include <utility>
 #include <exception>
 #include <limits>
+#include <mutex>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -55,6 +56,11 @@ class LiveCollector : public prometheus::Collectable {
   LiveCollector(const store::StoreCounters* c, std::function<int()> queue_depth,
                 std::function<int()> running)
       : c_(c), queue_depth_(std::move(queue_depth)), running_(std::move(running)) {}
+
+  void SetGroupSource(std::function<Metrics::GroupGauges()> source) {
+    std::lock_guard<std::mutex> l(group_mu_);
+    group_ = std::move(source);
+  }
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     auto load = [](const std::atomic<uint64_t>& a) {
@@ -114,6 +120,27 @@ class LiveCollector : public prometheus::Collectable {
           static_cast<double>(queue_depth_()));
     gauge("infoflow_running_requests", "Requests past the queue: prefilling or decoding.",
           static_cast<double>(running_()));
+    {
+      std::lock_guard<std::mutex> l(group_mu_);
+      if (group_) {
+        const Metrics::GroupGauges g = group_();
+        gauge("infoflow_group_world_size", "Ranks in this process's sequence-parallel group.",
+              g.world_size);
+        gauge("infoflow_group_rank", "This process's rank in its sequence-parallel group.",
+              g.rank);
+        gauge("infoflow_group_serving",
+              "1 while the sequence-parallel group is complete (Health SERVING).",
+              g.serving ? 1 : 0);
+        gauge("infoflow_group_generation",
+              "Times the group has formed (rank 0; grows after each rank failure).",
+              static_cast<double>(g.generation));
+        counter("infoflow_group_queries_total", "Queries run over the group by this rank.",
+                {{"", static_cast<double>(g.queries)}});
+        counter("infoflow_group_failures_total",
+                "Queries that failed over the group (rank 0; UNAVAILABLE naming the rank).",
+                {{"", static_cast<double>(g.failures)}});
+      }
+    }
 #if defined(__GLIBC__)
     // What the allocator holds: in use by the program vs freed but still
     // mapped (RSS minus in_use is mostly this plus libraries). A leak grows
@@ -281,6 +308,8 @@ class LiveCollector : public prometheus::Collectable {
   const store::StoreCounters* c_;
   std::function<int()> queue_depth_;
   std::function<int()> running_;
+  mutable std::mutex group_mu_;
+  std::function<Metrics::GroupGauges()> group_;
 };
 
 // civetweb's "listening_ports" for `listen` ("host:port", "port", or
@@ -414,6 +443,10 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& liste
   impl->exposer->RegisterCollectable(impl->registry);
   impl->exposer->RegisterCollectable(impl->live);
   return std::unique_ptr<Metrics>(new Metrics(std::move(impl)));
+}
+
+void Metrics::SetGroupSource(std::function<GroupGauges()> source) {
+  impl_->live->SetGroupSource(std::move(source));
 }
 
 int Metrics::port() const {

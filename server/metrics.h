@@ -63,6 +63,17 @@ class Metrics {
   // Bytes per token of stored chunk K/V under the server's --kv-codec.
   void SetKvBytesPerToken(const std::string& codec, double bytes);
 
+  // A sequence-parallel group member (server/group/): read at scrape time.
+  struct GroupGauges {
+    int world_size = 1;
+    int rank = 0;
+    bool serving = false;     // in a complete group
+    int64_t generation = 0;   // rank 0: how many times the group has (re)formed
+    uint64_t queries = 0;     // run over the group by this rank
+    uint64_t failures = 0;    // rank 0: queries that failed over the group
+  };
+  void SetGroupSource(std::function<GroupGauges()> source);
+
  private:
   struct Impl;
   explicit Metrics(std::unique_ptr<Impl> impl);

@@ -134,11 +134,11 @@ void FinishOutcome(PrefilledQuery* q, const DecodeResult& result) {
   out.text = result.text;
 }
 
-absl::StatusOr<std::unique_ptr<PrefilledQuery>> QueryRunner::Prefill(
-    const QuerySpec& spec, const PositionsCheck& positions_check) const {
-  auto q = std::make_unique<PrefilledQuery>();
-  q->start = std::chrono::steady_clock::now();
-  QueryOutcome& out = q->outcome;
+absl::StatusOr<QueryInput> QueryRunner::ResolveInput(const QuerySpec& spec,
+                                                     const PositionsCheck& positions_check,
+                                                     std::chrono::steady_clock::time_point start,
+                                                     QueryOutcome* out_ptr) const {
+  QueryOutcome& out = *out_ptr;
   // The resolver calls this once it knows the context length (keys fetched,
   // texts tokenized) and before it prefills anything.
   const int64_t prefix_len = spec.prefix_ids.empty()
@@ -167,7 +167,7 @@ absl::StatusOr<std::unique_ptr<PrefilledQuery>> QueryRunner::Prefill(
   absl::StatusOr<ResolvedChunks> resolved =
       resolver_->Resolve(spec.chunks, spec.prefix_mode, check_context);
   if (!resolved.ok()) return resolved.status();
-  out.fetch_ms = MsSince(q->start);
+  out.fetch_ms = MsSince(start);
   out.chunk_hits = resolved->hits;
   out.chunk_misses = resolved->misses;
   out.chunk_remote_hits = resolved->remote_hits;
@@ -182,7 +182,7 @@ absl::StatusOr<std::unique_ptr<PrefilledQuery>> QueryRunner::Prefill(
     input.prefix_kv = prefix->kv;
     out.prefix_cached = prefix->cached;
     out.prefix_key = prefix->key_hex;
-    out.fetch_ms = MsSince(q->start);
+    out.fetch_ms = MsSince(start);
   } else if (spec.prefix_mode == PrefixMode::kBos) {
     if (!model_->config().bos_token_id.has_value()) {
       return absl::InvalidArgumentError(
@@ -197,7 +197,10 @@ absl::StatusOr<std::unique_ptr<PrefilledQuery>> QueryRunner::Prefill(
   input.question_ids = spec.question_ids;
   input.prompt_ids = spec.prompt_ids;
   input.decode_reserve = spec.max_new_tokens;
+  return input;
+}
 
+MethodOptions QueryRunner::MethodOptionsFor(const QuerySpec& spec) const {
   MethodOptions options;
   options.method = spec.method;
   options.ratio = spec.ratio;
@@ -206,14 +209,30 @@ absl::StatusOr<std::unique_ptr<PrefilledQuery>> QueryRunner::Prefill(
   options.lego_k = spec.lego_k;
   options.deviation = spec.deviation;
   options.seed = spec.seed;
+  return options;
+}
 
-  DecodeOptions& decode = q->decode;
+DecodeOptions QueryRunner::DecodeOptionsFor(const QuerySpec& spec) const {
+  DecodeOptions decode;
   decode.sampling = {spec.temperature, spec.top_p, spec.seed};
   decode.max_new_tokens = spec.max_new_tokens;
   decode.min_new_tokens = spec.min_new_tokens;
   decode.stop_strings = spec.stop;
   for (int64_t id : StopTokenIds(model_->config())) decode.stop_ids.push_back(static_cast<int32_t>(id));
   decode.stop_ids.insert(decode.stop_ids.end(), spec.stop_ids.begin(), spec.stop_ids.end());
+  return decode;
+}
+
+absl::StatusOr<std::unique_ptr<PrefilledQuery>> QueryRunner::Prefill(
+    const QuerySpec& spec, const PositionsCheck& positions_check) const {
+  auto q = std::make_unique<PrefilledQuery>();
+  q->start = std::chrono::steady_clock::now();
+  QueryOutcome& out = q->outcome;
+  absl::StatusOr<QueryInput> resolved = ResolveInput(spec, positions_check, q->start, &out);
+  if (!resolved.ok()) return resolved.status();
+  QueryInput& input = *resolved;
+  const MethodOptions options = MethodOptionsFor(spec);
+  q->decode = DecodeOptionsFor(spec);
 
   // As RunQuery (engine/blend/pipeline.h): BuildContext, then the prompt.
   absl::StatusOr<BlendedContext> ctx = BuildContext(*model_, input, options);

@@ -7,6 +7,7 @@
 #ifndef INFOFLOW_SERVER_QUERY_RUNNER_H_
 #define INFOFLOW_SERVER_QUERY_RUNNER_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -17,6 +18,8 @@
 #include "absl/status/statusor.h"
 #include "engine/text/tokenizer.h"
 #include "engine/blend/method.h"
+#include "engine/blend/pipeline.h"
+#include "engine/decode/decode.h"
 #include "server/chunk_resolver.h"
 
 namespace infoflow::server {
@@ -141,6 +144,19 @@ class QueryRunner {
 
   // Run's second phase, alone: Decode with Model::Forward, one token a step.
   QueryOutcome DecodeAlone(std::unique_ptr<PrefilledQuery> q, const TokenSink& sink) const;
+
+  // Prefill's first half, shared with the sequence-parallel path
+  // (server/group/): the context and positions checks, chunk resolution and
+  // the prefix, into the engine's QueryInput. Fills out's fetch time (from
+  // `start`), chunk hits/misses/keys, positions and prefix fields.
+  absl::StatusOr<QueryInput> ResolveInput(const QuerySpec& spec,
+                                          const PositionsCheck& positions_check,
+                                          std::chrono::steady_clock::time_point start,
+                                          QueryOutcome* out) const;
+  // The engine's method and decode options for `spec` (stop ids: the
+  // model's plus the request's).
+  MethodOptions MethodOptionsFor(const QuerySpec& spec) const;
+  DecodeOptions DecodeOptionsFor(const QuerySpec& spec) const;
 
  private:
   const Model* model_;

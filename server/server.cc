@@ -23,6 +23,8 @@
 #include "engine/model/test_model.h"
 #include "engine/text/model_chat_template.h"
 #include "engine/text/tokenizer.h"
+#include "server/group/group_leader.h"
+#include "server/group/group_worker.h"
 #include "server/http/http_frontend.h"
 #include "server/idle_trimmer.h"
 #include "server/services.h"
@@ -54,6 +56,10 @@ struct InfoflowServer::State {
   std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<IdleTrimmer> trimmer;  // after the scheduler: stops before it goes
   std::unique_ptr<IdleTrimmer> pool_releaser;
+  // --world-size > 1: rank 0 leads the sequence-parallel group, the other
+  // ranks serve it (server/group/); both null otherwise.
+  std::unique_ptr<GroupLeader> group_leader;
+  std::unique_ptr<GroupWorker> group_worker;
   ServiceDeps deps;
   std::unique_ptr<IngestService> ingest;
   std::unique_ptr<QueryService> query;
@@ -68,12 +74,16 @@ InfoflowServer::InfoflowServer(std::unique_ptr<State> state) : s_(std::move(stat
 
 InfoflowServer::~InfoflowServer() {
   Shutdown(std::chrono::milliseconds(2000));
+  // The group members report to Health: they stop before the server goes.
+  s_->group_worker.reset();
+  if (s_->group_leader) s_->group_leader->SetServingCallback(nullptr);
   s_->server.reset();
   s_->http.reset();
   // No call is left: stop the engine threads before the metrics they report into go.
   s_->trimmer.reset();
   s_->pool_releaser.reset();
   s_->scheduler.reset();
+  s_->group_leader.reset();  // after the scheduler: its last query ran on the group
 }
 
 absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const ServerOptions& options) {
@@ -213,7 +223,27 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
         std::chrono::seconds(options.pool_idle_release_s), [pool] { pool->Trim(0); });
   }
 
+  GroupConfig group;
+  if (options.world_size > 1) {
+    absl::StatusOr<std::pair<std::string, int>> hp = ParseDistInit(options.dist_init);
+    if (!hp.ok()) return hp.status();
+    group.world_size = options.world_size;
+    group.rank = options.rank;
+    group.host = hp->first;
+    group.port = hp->second;
+    group.timeout = std::chrono::milliseconds(options.dist_timeout_ms);
+    group.interface = options.dist_interface;
+    if (options.rank == 0) {
+      absl::StatusOr<std::unique_ptr<GroupLeader>> leader =
+          GroupLeader::Start(group, s->model.get(), s->tokenizer.get(), s->store.get());
+      if (!leader.ok()) return leader.status();
+      s->group_leader = *std::move(leader);
+    }
+  }
+
   ServiceDeps& d = s->deps;
+  d.group = s->group_leader.get();
+  d.group_rank = options.world_size > 1 ? options.rank : -1;
   d.model = s->model.get();
   d.model_name = model_name;
   d.store = s->store.get();
@@ -263,7 +293,44 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
   if (!s->server || s->port == 0) {
     return absl::UnavailableError(absl::StrCat("--listen ", options.listen, ": cannot bind"));
   }
-  if (!options.http_listen.empty()) {
+  if (options.world_size > 1) {
+    // Health follows the group: NOT_SERVING until it is complete, again
+    // while a lost rank is away (rank 0), or while this rank is out of it.
+    grpc::HealthCheckServiceInterface* health = s->server->GetHealthCheckService();
+    auto set_health = [health](bool serving) {
+      if (health != nullptr) health->SetServingStatus(serving);
+    };
+    set_health(false);
+    if (s->group_leader) {
+      s->group_leader->SetServingCallback(set_health);
+    } else {
+      s->group_worker = std::make_unique<GroupWorker>(group, s->model.get(), s->tokenizer.get(),
+                                                      s->store.get(), set_health);
+    }
+    if (s->metrics) {
+      GroupLeader* leader = s->group_leader.get();
+      GroupWorker* worker = s->group_worker.get();
+      s->metrics->SetGroupSource([leader, worker, group] {
+        Metrics::GroupGauges g;
+        g.world_size = group.world_size;
+        g.rank = group.rank;
+        if (leader != nullptr) {
+          g.serving = leader->ready();
+          g.generation = leader->generation();
+          g.queries = leader->queries();
+          g.failures = leader->failures();
+        } else if (worker != nullptr) {
+          g.serving = worker->serving();
+          g.queries = worker->queries();
+        }
+        return g;
+      });
+    }
+  }
+  if (!options.http_listen.empty() && options.world_size > 1 && options.rank > 0) {
+    std::fprintf(stderr, "--http-listen ignored: rank %d of a group serves no API (rank 0 does)\n",
+                 options.rank);
+  } else if (!options.http_listen.empty()) {
     http::HttpFrontendOptions ho;
     ho.listen = options.http_listen;
     ho.blend_separator = options.blend_separator;
@@ -290,6 +357,14 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
     std::fprintf(stderr, "http on http://%s:%d (OpenAI API; chat format %s, blend separator \"%s\")\n",
                  hhost.c_str(), s->http->port(), s->http->chat_format().c_str(),
                  options.blend_separator.c_str());
+  }
+  if (options.world_size > 1) {
+    std::fprintf(stderr,
+                 "sequence-parallel group: rank %d of %d, control store %s:%d%s\n",
+                 options.rank, options.world_size, group.host.c_str(),
+                 s->group_leader ? s->group_leader->port() : group.port,
+                 options.rank == 0 ? " (Health NOT_SERVING until every rank has joined)"
+                                   : " (serves Health and /metrics only; send requests to rank 0)");
   }
   if (s->metrics) {
     const std::string mhost = options.metrics_listen.substr(0, options.metrics_listen.rfind(':'));

@@ -107,6 +107,20 @@ const char kServerUsage[] =
     "                          given up and logged (default 60)\n"
     "  --remote-drain-timeout-ms N  on shutdown, wait up to N ms for pending cluster writes\n"
     "                          (default 5000), then log each one not written\n"
+    "  --world-size N          processes in a sequence-parallel group (default 1 = none):\n"
+    "                          one query's chunks are split over N ranks, one per device,\n"
+    "                          joined by c10d (Gloo); FULL runs as ring attention, INFOFLOW /\n"
+    "                          INFOFLOW_BLEND / NONE score and recompute per rank\n"
+    "  --rank R                this process's rank, 0..N-1; rank 0 serves the API (gRPC,\n"
+    "                          HTTP), the others serve Health and /metrics only\n"
+    "  --dist-init HOST:PORT   rank 0's control store: rank 0 binds PORT, the others connect\n"
+    "                          to HOST:PORT (default 127.0.0.1:29500)\n"
+    "  --dist-timeout-ms N     a rank silent this long fails the query in flight with\n"
+    "                          UNAVAILABLE naming it, and the group re-forms when it is back\n"
+    "                          (default 30000)\n"
+    "  --dist-interface NAME   network interface for the group's data connections (default:\n"
+    "                          the loopback address for a 127.x --dist-init, else the\n"
+    "                          address of this machine's hostname)\n"
     "  --config FILE           key=value lines with the flag names above\n";
 
 namespace {
@@ -199,6 +213,14 @@ absl::Status Apply(ServerOptions* o, const std::string& name, const std::string&
   else if (name == "remote-write-give-up-s") return num(&o->remote_write_give_up_s, 0);
   else if (name == "remote-drain-timeout-ms") return num(&o->remote_drain_timeout_ms, 0);
   else if (name == "min-free-disk-bytes") return num(&o->min_free_disk_bytes, 0);
+  else if (name == "world-size") {
+    if (absl::Status st = num(&o->world_size, 1); !st.ok()) return st;
+    if (o->world_size > 1024) return absl::InvalidArgumentError("--world-size: at most 1024");
+  }
+  else if (name == "rank") return num(&o->rank, 0);
+  else if (name == "dist-init") o->dist_init = value;
+  else if (name == "dist-timeout-ms") return num(&o->dist_timeout_ms, 100);
+  else if (name == "dist-interface") o->dist_interface = value;
   else if (name == "max-prompt-tokens") return num(&o->max_prompt_tokens, 1);
   else if (name == "max-prefix-tokens") return num(&o->max_prefix_tokens, 1);
   else if (name == "store-sync") return boolean(&o->store_sync);
@@ -217,6 +239,17 @@ absl::Status Apply(ServerOptions* o, const std::string& name, const std::string&
 }
 
 }  // namespace
+
+absl::StatusOr<std::pair<std::string, int>> ParseDistInit(const std::string& value) {
+  const size_t colon = value.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(value.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dist-init: expected HOST:PORT, got '", value, "'"));
+  }
+  return std::make_pair(value.substr(0, colon), port);
+}
 
 absl::StatusOr<ServerOptions> ParseServerFlags(int argc, char** argv, bool* help) {
   *help = false;
@@ -276,6 +309,20 @@ absl::StatusOr<ServerOptions> ParseServerFlags(int argc, char** argv, bool* help
   }
   if (absl::StatusOr<KvCodec> c = ParseKvCodec(options.kv_codec, options.kv_group_size); !c.ok()) {
     return c.status();
+  }
+  if (options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("--rank: ", options.rank,
+                                                   " is not below --world-size ",
+                                                   options.world_size));
+  }
+  if (options.world_size > 1) {
+    if (absl::StatusOr<std::pair<std::string, int>> hp = ParseDistInit(options.dist_init);
+        !hp.ok()) {
+      return hp.status();
+    } else if (hp->second == 0 && options.rank != 0) {
+      return absl::InvalidArgumentError(
+          "--dist-init: port 0 (ephemeral) only on rank 0; the other ranks need its real port");
+    }
   }
   return options;
 }

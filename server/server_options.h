@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 
@@ -102,6 +103,15 @@ struct ServerOptions {
   // Graceful shutdown waits this long for the write-behind queue to empty,
   // then logs each record it could not write (event=remote_write_unwritten).
   int remote_drain_timeout_ms = 5000;
+  // Sequence-parallel group (server/group/, docs/DESIGN.md §16): one query's
+  // context split over world_size processes. Rank 0 serves the API; the
+  // others serve Health and /metrics only. dist_init is rank 0's control
+  // store "host:port" (rank 0 binds the port; 0 = ephemeral, for tests).
+  int world_size = 1;
+  int rank = 0;
+  std::string dist_init = "127.0.0.1:29500";
+  int dist_timeout_ms = 30000;
+  std::string dist_interface;  // Gloo's network interface; "" = automatic
 };
 
 // Parses `argv` (argv[0] is the program). `--config FILE` reads key=value
@@ -111,6 +121,9 @@ struct ServerOptions {
 absl::StatusOr<ServerOptions> ParseServerFlags(int argc, char** argv, bool* help);
 
 extern const char kServerUsage[];
+
+// --dist-init's HOST and PORT. InvalidArgument naming the flag.
+absl::StatusOr<std::pair<std::string, int>> ParseDistInit(const std::string& value);
 
 }  // namespace infoflow::server
 

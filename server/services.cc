@@ -11,6 +11,7 @@
 #include "cache_store/chunk_store.h"
 #include "engine/blend/pipeline.h"
 #include "engine/chunk/chunk_codec.h"
+#include "server/group/group_leader.h"
 
 namespace infoflow::server {
 namespace v1 = ::infoflow::v1;
@@ -268,6 +269,7 @@ grpc::Status CheckAuth(const grpc::ServerContext* ctx, const std::string& token)
 
 grpc::Status IngestService::DoIngest(grpc::ServerContext* ctx, const v1::IngestRequest& req,
                                      v1::IngestResponse* resp) {
+  if (grpc::Status s = CheckServesApi(*d_); !s.ok()) return s;
   if (grpc::Status s = CheckModel(*d_, req.model()); !s.ok()) return s;
   PrefixMode mode;
   if (grpc::Status s = ToPrefixMode(*d_->model, req.prefix_mode(), &mode); !s.ok()) return s;
@@ -358,8 +360,18 @@ grpc::Status IngestService::IngestStream(
 
 // ------------------------------------------------------------------- query
 
+grpc::Status CheckServesApi(const ServiceDeps& d) {
+  if (d.group_rank <= 0) return grpc::Status::OK;
+  return grpc::Status(
+      grpc::StatusCode::FAILED_PRECONDITION,
+      absl::StrCat("this process is rank ", d.group_rank, " of a sequence-parallel group (",
+                   d.options->world_size, " ranks); send requests to rank 0 (--dist-init ",
+                   d.options->dist_init, ")"));
+}
+
 grpc::Status PrepareQuery(const ServiceDeps& d, const v1::QueryRequest& req, QuerySpec* spec) {
-  grpc::Status s = CheckModel(d, req.model());
+  grpc::Status s = CheckServesApi(d);
+  if (s.ok()) s = CheckModel(d, req.model());
   if (s.ok()) s = ToSpec(d, req, spec);
   if (s.ok()) s = ToGrpc(d.runner->Prepare(spec));  // bounded; before queueing
   return s;
@@ -369,19 +381,31 @@ QueryRun ExecuteQuery(const ServiceDeps& d, const QuerySpec& spec, const QuerySt
   QueryRun run;
   if (d.metrics) d.metrics->AddInflightStreams(1);
   bool write_failed = false;
-  // Queued, prefilled and decoded (in the batch) by the scheduler; tokens
-  // come back to this thread, which writes them.
-  run.outcome = d.scheduler->RunQuery(
-      spec,
-      [&](int32_t id, std::string_view text) {
-        if (io.cancelled()) return false;
-        if (!io.write_token(id, text)) {
-          write_failed = true;
-          return false;
-        }
-        return true;
-      },
-      io.cancelled);
+  const TokenSink sink = [&](int32_t id, std::string_view text) {
+    if (io.cancelled()) return false;
+    if (!io.write_token(id, text)) {
+      write_failed = true;
+      return false;
+    }
+    return true;
+  };
+  if (d.group != nullptr) {
+    // Sequence-parallel: the whole query (prefill over the group, decode on
+    // this rank) runs on the scheduler's prefill thread, in FIFO order with
+    // the other requests; tokens are written from there.
+    absl::StatusOr<QueryOutcome> outcome = absl::UnknownError("not run");
+    const absl::Status queued = d.scheduler->RunExclusive(
+        [&] {
+          outcome = d.group->RunQuery(*d.runner, spec, sink);
+          return absl::OkStatus();
+        },
+        io.cancelled);
+    run.outcome = queued.ok() ? std::move(outcome) : absl::StatusOr<QueryOutcome>(queued);
+  } else {
+    // Queued, prefilled and decoded (in the batch) by the scheduler; tokens
+    // come back to this thread, which writes them.
+    run.outcome = d.scheduler->RunQuery(spec, sink, io.cancelled);
+  }
   if (d.metrics) d.metrics->AddInflightStreams(-1);
   const absl::StatusOr<QueryOutcome>& out = run.outcome;
   if (!out.ok() && absl::IsCancelled(out.status()) && io.cancelled()) {

@@ -19,6 +19,8 @@
 
 namespace infoflow::server {
 
+class GroupLeader;
+
 // What the services share; owned by InfoflowServer.
 struct ServiceDeps {
   const Model* model = nullptr;
@@ -34,7 +36,17 @@ struct ServiceDeps {
   // The model directory's chat template (tokenizer_config.json /
   // chat_template.jinja); null when it has none or it does not parse.
   std::shared_ptr<const ModelChatTemplate> chat_template;
+  // Sequence-parallel group (--world-size > 1). Rank 0: every query runs
+  // over the group (GroupLeader::RunQuery, on the scheduler's prefill
+  // thread, one at a time). group_rank > 0: this process only serves the
+  // group; Ingest and Query are refused with FAILED_PRECONDITION. -1: no group.
+  GroupLeader* group = nullptr;
+  int group_rank = -1;
 };
+
+// FAILED_PRECONDITION when this process is a rank > 0 of a group (requests
+// belong to rank 0), else OK.
+grpc::Status CheckServesApi(const ServiceDeps& d);
 
 // OK when no token is configured or the call carries
 // "authorization: Bearer <token>" (constant-time compare); else

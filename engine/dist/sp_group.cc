@@ -6,6 +6,7 @@
 #define USE_C10D_GLOO 1
 #endif
 #include <algorithm>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <utility>
@@ -69,7 +70,8 @@ absl::StatusOr<std::unique_ptr<SequenceParallelGroup>> SequenceParallelGroup::Jo
     return absl::InvalidArgumentError(
         absl::StrCat("rank must be in [0, ", options.world_size, "), got ", options.rank));
   }
-  if (options.port < 0 || options.port > 65535 || (options.rank != 0 && options.port == 0)) {
+  if (options.port < 0 || options.port > 65535 ||
+      ((options.rank != 0 || options.use_existing_store) && options.port == 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("dist-init port ", options.port, " invalid (0 only on rank 0)"));
   }
@@ -78,17 +80,31 @@ absl::StatusOr<std::unique_ptr<SequenceParallelGroup>> SequenceParallelGroup::Jo
   try {
     c10d::TCPStoreOptions so;
     so.port = static_cast<uint16_t>(options.port);
-    so.isServer = options.rank == 0;
+    so.isServer = options.rank == 0 && !options.use_existing_store;
     so.numWorkers = options.world_size;
     so.waitWorkers = false;  // the process group's rendezvous waits instead
     so.timeout = options.timeout;
     impl->store = c10::make_intrusive<c10d::TCPStore>(options.host, so);
     port = impl->store->getPort();
     if (options.rank == 0 && options.on_store_ready) options.on_store_ready(port);
+    c10::intrusive_ptr<c10d::Store> rendezvous = impl->store;
+    if (!options.key_prefix.empty()) {
+      rendezvous = c10::make_intrusive<c10d::PrefixStore>(options.key_prefix, impl->store);
+    }
     auto go = c10d::ProcessGroupGloo::Options::create(options.timeout);
-    go->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.host));
+    // The device is this rank's own address: the store's host only when
+    // every rank is on this machine (loopback).
+    const std::string& h = options.host;
+    const bool loopback = h == "localhost" || h == "::1" || h.rfind("127.", 0) == 0;
+    if (!options.interface.empty()) {
+      go->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(options.interface));
+    } else if (loopback) {
+      go->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(h));
+    } else {
+      go->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    }
     go->threads = 1;  // collectives are ours (send/recv); no worker pool needed
-    impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, options.rank,
+    impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(rendezvous, options.rank,
                                                            options.world_size, go);
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("rank ", options.rank, ": joining the group at ",
@@ -168,6 +184,21 @@ std::unique_ptr<PendingExchange> SequenceParallelGroup::StartRingExchange(
   for (const at::Tensor& t : send) s.push_back({next(), t});
   for (const at::Tensor& t : recv) r.push_back({prev(), t});
   return Start(s, r);
+}
+
+absl::Status SequenceParallelGroup::Exchange(const std::vector<std::pair<int, at::Tensor>>& sends,
+                                             const std::vector<std::pair<int, at::Tensor>>& recvs) {
+  for (const auto& [peer, t] : sends) {
+    if (t.defined() && (peer < 0 || peer >= world_size() || peer == rank())) {
+      return absl::InvalidArgumentError(absl::StrCat("Exchange: bad peer ", peer));
+    }
+  }
+  for (const auto& [peer, t] : recvs) {
+    if (t.defined() && (peer < 0 || peer >= world_size() || peer == rank())) {
+      return absl::InvalidArgumentError(absl::StrCat("Exchange: bad peer ", peer));
+    }
+  }
+  return Wait(Start(sends, recvs));
 }
 
 absl::Status SequenceParallelGroup::Broadcast(at::Tensor* t, int root) {

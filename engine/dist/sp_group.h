@@ -40,6 +40,16 @@ struct GroupOptions {
   // Rank 0 only: called with the store's bound port before waiting for the
   // other ranks (how a launcher learns an ephemeral port).
   std::function<void(int port)> on_store_ready;
+  // true: a store already serves at host:port (rank 0's GroupStore, which
+  // outlives the group); every rank, rank 0 too, connects to it as a client
+  // and keeps its rendezvous keys under `key_prefix`, so a server can build
+  // a new group (a new prefix) after a rank failed without a new store.
+  bool use_existing_store = false;
+  std::string key_prefix;
+  // Network interface for Gloo's connections (e.g. "eth0"); "" = `host`'s
+  // address when it is loopback (one machine), else the address this
+  // machine's hostname resolves to.
+  std::string interface;
 };
 
 // One posted exchange (sends and receives); SequenceParallelGroup::Wait
@@ -76,6 +86,13 @@ class SequenceParallelGroup {
   std::unique_ptr<PendingExchange> StartRingExchange(const std::vector<at::Tensor>& send,
                                                      const std::vector<at::Tensor>& recv);
   absl::Status Wait(std::unique_ptr<PendingExchange> exchange);
+
+  // Point to point: message i of `sends` on one rank pairs with message i
+  // of `recvs` on its peer (both sides build equally long lists; entries
+  // with an undefined or empty tensor are skipped and must be skipped on
+  // both sides). Blocks until every message has gone and arrived.
+  absl::Status Exchange(const std::vector<std::pair<int, at::Tensor>>& sends,
+                        const std::vector<std::pair<int, at::Tensor>>& recvs);
 
   // `t` (contiguous; same shape on every rank) gets root's value.
   absl::Status Broadcast(at::Tensor* t, int root);

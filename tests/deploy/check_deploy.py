@@ -308,6 +308,207 @@ def check_k8s():
     if not has_dev:
         fail("overlays/gpu: no --device=cuda")
     ok(f"k8s: {len(objs)} base objects, GPU overlay")
+    check_k8s_sequence_parallel(objs, flags)
+
+
+# Flags of the sequence-parallel group (issue #28; --dist-interface from
+# server/group/group_config.h). Accepted even before server/server_options.cc
+# has them, so the manifest can land with the server.
+SP_FLAGS = {"world-size", "rank", "dist-init", "dist-timeout-ms", "dist-interface"}
+
+
+def arg_flags(strings):
+    """{flag name: value or None} of every --flag in strings (args, or words of a shell script)."""
+    out = {}
+    for s in strings:
+        for m in re.finditer(r"(?<![\w-])--([a-z0-9][a-z0-9-]*)(?:=(\S*))?", str(s)):
+            out[m.group(1)] = m.group(2)
+    return out
+
+
+def check_k8s_sequence_parallel(base_objs, flags):
+    """overlays/sequence-parallel: a StatefulSet whose pods are the ranks of one group."""
+    ov = "overlays/sequence-parallel"
+    d = os.path.join(DEPLOY, "k8s", "overlays", "sequence-parallel")
+    kust = load_yaml_docs(os.path.join(d, "kustomization.yaml"))[0]
+    objs = []
+    uses_base = False
+    for r in kust.get("resources", []):
+        p = os.path.join(d, r)
+        if os.path.isdir(p):
+            if os.path.realpath(p) != os.path.realpath(os.path.join(DEPLOY, "k8s", "base")):
+                fail(f"{ov}: resource {r} is not ../../base")
+            uses_base = True
+        elif not os.path.isfile(p):
+            fail(f"{ov}: resource {r} does not exist")
+        else:
+            objs += [x for x in load_yaml_docs(p)]
+    for x in objs:
+        if not x.get("apiVersion") or not x.get("kind") or not (x.get("metadata") or {}).get("name"):
+            fail(f"{ov}: object without apiVersion/kind/metadata.name: {str(x)[:80]}")
+    # The objects kubectl applies: base (minus what `$patch: delete` removes) + the overlay's.
+    base = {(x["kind"], x["metadata"]["name"]): x for _, x in base_objs} if uses_base else {}
+    for p in kust.get("patches", []):
+        doc = yaml.safe_load(p["patch"]) if "patch" in p else None
+        if "path" in p and not os.path.isfile(os.path.join(d, p["path"])):
+            fail(f"{ov}: patch {p['path']} missing")
+        if isinstance(doc, dict) and doc.get("$patch") == "delete":
+            key = (doc.get("kind"), (doc.get("metadata") or {}).get("name"))
+            if key not in base:
+                fail(f"{ov}: $patch: delete of {key} which base does not have")
+            base.pop(key, None)
+    everything = list(base.values()) + objs
+    services = {x["metadata"]["name"]: x for x in everything if x.get("kind") == "Service"}
+    configmaps = {x["metadata"]["name"]: x for x in everything if x.get("kind") == "ConfigMap"}
+    secrets = {x["metadata"]["name"]: x for x in everything if x.get("kind") == "Secret"}
+    sts_list = [x for x in objs if x.get("kind") == "StatefulSet"]
+    if len(sts_list) != 1:
+        fail(f"{ov}: want exactly 1 StatefulSet (the group), has {len(sts_list)}")
+        return
+    sts = sts_list[0]
+    name = sts["metadata"]["name"]
+    spec = sts.get("spec") or {}
+    tmpl = spec.get("template") or {}
+    tmpl_labels = (tmpl.get("metadata") or {}).get("labels") or {}
+    if not labels_match((spec.get("selector") or {}).get("matchLabels") or {}, tmpl_labels):
+        fail(f"{ov}: StatefulSet {name}: selector does not match template labels {tmpl_labels}")
+    # Ranks find rank 0 by its pod DNS name, which needs the governing headless Service.
+    headless = spec.get("serviceName")
+    gov = services.get(headless)
+    if not gov or (gov.get("spec") or {}).get("clusterIP") != "None":
+        fail(f"{ov}: StatefulSet {name}: serviceName {headless!r} is not a headless Service")
+    elif not labels_match(gov["spec"].get("selector") or {}, tmpl_labels):
+        fail(f"{ov}: headless Service {headless}: selector does not match the ranks")
+    elif gov["spec"].get("publishNotReadyAddresses") is not True:
+        # Rank 0 is unready until every rank joined through its DNS name:
+        # without this that name never resolves (deadlock).
+        fail(f"{ov}: headless Service {headless}: needs publishNotReadyAddresses: true")
+    # OrderedReady would wait for rank 0 to be Ready before starting rank 1.
+    if spec.get("podManagementPolicy") != "Parallel":
+        fail(f"{ov}: StatefulSet {name}: podManagementPolicy must be Parallel")
+    vcts = spec.get("volumeClaimTemplates") or []
+    pod = tmpl.get("spec") or {}
+    volumes = {v["name"]: v for v in pod.get("volumes") or []}
+    for vname, v in volumes.items():
+        if "configMap" in v and v["configMap"]["name"] not in configmaps:
+            fail(f"{ov}: volume {vname} refers to missing ConfigMap {v['configMap']['name']}")
+        if "secret" in v and v["secret"]["secretName"] not in secrets:
+            fail(f"{ov}: volume {vname} refers to missing Secret {v['secret']['secretName']}")
+    containers = pod.get("containers") or []
+    if len(containers) != 1:
+        fail(f"{ov}: StatefulSet {name}: want 1 container, has {len(containers)}")
+        return
+    c = containers[0]
+    cn = c.get("name")
+    ports = {p.get("name"): p.get("containerPort") for p in c.get("ports") or []}
+    for need in ("grpc", "metrics", "dist"):
+        if need not in ports:
+            fail(f"{ov}: container {cn}: no containerPort named {need}")
+    mounts = {m["mountPath"]: m for m in c.get("volumeMounts") or []}
+    if "/data" not in mounts or mounts["/data"]["name"] not in {v["metadata"]["name"] for v in vcts}:
+        fail(f"{ov}: container {cn}: /data (--data-dir, one store per rank) is not a PVC template volume")
+    for m in mounts.values():
+        if m["name"] not in volumes and m["name"] not in {v["metadata"]["name"] for v in vcts}:
+            fail(f"{ov}: container {cn}: volumeMount {m['name']} has no volume")
+    res = c.get("resources") or {}
+    if not (res.get("requests") or {}).get("cpu") or not (res.get("requests") or {}).get("memory"):
+        fail(f"{ov}: container {cn}: resources.requests needs cpu and memory (per rank)")
+    # Readiness = grpc.health.v1 (rank 0 Ready only with the group complete);
+    # liveness/startup must not be: rank 0 is NOT_SERVING while a rank is
+    # missing, and restarting it then would break the group for every rank.
+    rp = c.get("readinessProbe") or {}
+    if "grpc" not in rp or rp["grpc"].get("port") not in ports.values():
+        fail(f"{ov}: container {cn}: readinessProbe is not a native gRPC probe on a container port")
+    if not c.get("livenessProbe"):
+        fail(f"{ov}: container {cn}: no livenessProbe")
+    for probe in ("livenessProbe", "startupProbe"):
+        pr = c.get(probe) or {}
+        if "grpc" in pr:
+            fail(f"{ov}: container {cn}: {probe} uses grpc.health.v1, which fails while the group is incomplete")
+        tcp = pr.get("tcpSocket")
+        if tcp and tcp.get("port") not in set(ports.values()) | set(ports):
+            fail(f"{ov}: container {cn}: {probe} tcpSocket port {tcp.get('port')} is not a container port")
+    # Flags: in args, and in the shell command that adds --rank.
+    cmd = [str(x) for x in c.get("command") or []]
+    args = [str(x) for x in c.get("args") or []]
+    used = arg_flags(args + cmd)
+    for f in sorted(used):
+        if f not in flags and f not in SP_FLAGS:
+            fail(f"{ov}: container {cn}: unknown server flag --{f}")
+    env = {e.get("name") for e in c.get("env") or []}
+    for ref in sorted(set(re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", " ".join(args + cmd)))):
+        if ref not in env:
+            fail(f"{ov}: container {cn}: $({ref}) is not an env var of the container (left unexpanded)")
+    if "rank" not in used:
+        fail(f"{ov}: container {cn}: no --rank")
+    ws = used.get("world-size")
+    if ws is None or not ws.isdigit():
+        fail(f"{ov}: container {cn}: no --world-size=N")
+    elif int(ws) != spec.get("replicas"):
+        fail(f"{ov}: StatefulSet {name}: replicas {spec.get('replicas')} != --world-size={ws}")
+    di = used.get("dist-init") or ""
+    m = re.fullmatch(r"(\S+):(\d+)", di)
+    if not m:
+        fail(f"{ov}: container {cn}: no --dist-init=HOST:PORT")
+    else:
+        host, port = m.group(1), int(m.group(2))
+        want = f"{name}-0.{headless}"
+        if not (host == want or host.startswith(want + ".")):
+            fail(f"{ov}: --dist-init host {host} is not rank 0's DNS name {want}[.<ns>.svc...]")
+        if port != ports.get("dist"):
+            fail(f"{ov}: --dist-init port {port} != containerPort dist {ports.get('dist')}")
+    # Clients reach rank 0 only: ranks > 0 answer Query/Ingest FAILED_PRECONDITION.
+    rank0 = {"statefulset.kubernetes.io/pod-name": f"{name}-0"}
+    clients = [s for s in services.values() if s["metadata"]["name"] != headless]
+    if not clients:
+        fail(f"{ov}: no client Service for rank 0")
+    for svc in clients:
+        sn = svc["metadata"]["name"]
+        sel = svc["spec"].get("selector") or {}
+        if labels_match(sel, tmpl_labels):
+            fail(f"{ov}: Service {sn} selects every rank; clients must reach rank 0 only")
+        elif svc in objs and sel != rank0:
+            fail(f"{ov}: Service {sn}: selector {sel} is not {rank0}")
+    for svc in [s for s in services.values() if s in objs]:
+        for p in svc["spec"].get("ports") or []:
+            tp = p.get("targetPort", p.get("port"))
+            if tp not in ports and tp not in ports.values():
+                fail(f"{ov}: Service {svc['metadata']['name']}: targetPort {tp} is not a containerPort")
+            if not p.get("name"):
+                fail(f"{ov}: Service {svc['metadata']['name']}: unnamed port {p}")
+    pdbs = [x for x in objs if x.get("kind") == "PodDisruptionBudget"]
+    if not pdbs:
+        fail(f"{ov}: no PodDisruptionBudget")
+    for pdb in pdbs:
+        if not labels_match((pdb["spec"].get("selector") or {}).get("matchLabels") or {}, tmpl_labels):
+            fail(f"{ov}: PodDisruptionBudget {pdb['metadata']['name']}: selector does not match the ranks")
+        if pdb["spec"].get("maxUnavailable") not in (0, 1):
+            fail(f"{ov}: PodDisruptionBudget: maxUnavailable must be 0 or 1 (any lost rank stops the group)")
+    for sm in [x for x in everything if x.get("kind") == "ServiceMonitor"]:
+        sel = (sm["spec"].get("selector") or {}).get("matchLabels") or {}
+        matched = [s for s in services.values() if labels_match(sel, s["metadata"].get("labels") or {})]
+        if not matched:
+            fail(f"{ov}: ServiceMonitor {sm['metadata']['name']} matches no Service")
+        for ep in sm["spec"].get("endpoints") or []:
+            for s in matched:
+                if ep.get("port") not in {p.get("name") for p in s["spec"].get("ports") or []}:
+                    fail(f"{ov}: ServiceMonitor port {ep.get('port')!r} is not on Service {s['metadata']['name']}")
+    note = ""
+    kubectl = shutil.which("kubectl")
+    if kubectl:
+        r = subprocess.run([kubectl, "kustomize", d], capture_output=True, text=True, timeout=30)
+        if r.returncode:
+            fail(f"{ov}: kubectl kustomize: {(r.stderr or r.stdout).strip()[:300]}")
+        else:
+            rendered = {(x["kind"], x["metadata"]["name"]) for x in yaml.safe_load_all(r.stdout) if x}
+            expect = {(x["kind"], x["metadata"]["name"]) for x in everything}
+            if rendered != expect:
+                fail(f"{ov}: kubectl kustomize renders {sorted(rendered)}, expected {sorted(expect)}")
+            note = ", kubectl kustomize renders it"
+    else:
+        note = " (no kubectl: kustomize build not tried)"
+    ok(f"k8s: {ov}: StatefulSet {name} x {spec.get('replicas')} ranks, "
+       f"{len(everything)} objects{note}")
 
 
 # ------------------------------------------------------------------- compose

@@ -1,0 +1,40 @@
+// Where a server process sits in a sequence-parallel group (the --world-size,
+// --rank, --dist-init, --dist-timeout-ms and --dist-interface flags).
+#ifndef INFOFLOW_SERVER_GROUP_GROUP_CONFIG_H_
+#define INFOFLOW_SERVER_GROUP_GROUP_CONFIG_H_
+
+#include <chrono>
+#include <string>
+
+namespace infoflow::server {
+
+struct GroupConfig {
+  int world_size = 1;
+  int rank = 0;
+  std::string host = "127.0.0.1";  // rank 0's control-store address
+  int port = 29500;                // rank 0 binds it (0 = ephemeral, tests)
+  // An exchange, a heartbeat or a store operation that makes no progress
+  // for this long fails; a rank silent this long is declared lost.
+  std::chrono::milliseconds timeout{30000};
+  // Network interface for Gloo's data connections; "" = the address that
+  // `host` routes from when it is loopback, else the machine's hostname.
+  std::string interface;
+};
+
+// Control-store keys, one place for both sides of the protocol.
+namespace group_keys {
+inline std::string Generation() { return "generation"; }
+inline std::string Ready(int64_t gen, int rank) {
+  return "g" + std::to_string(gen) + "/ready/" + std::to_string(rank);
+}
+inline std::string Go(int64_t gen) { return "g" + std::to_string(gen) + "/go"; }
+inline std::string GroupPrefix(int64_t gen) { return "g" + std::to_string(gen) + "/pg/"; }
+inline std::string Command(int64_t gen, int64_t seq) {
+  return "g" + std::to_string(gen) + "/cmd/" + std::to_string(seq);
+}
+inline std::string Heartbeat(int rank) { return "hb/" + std::to_string(rank); }
+}  // namespace group_keys
+
+}  // namespace infoflow::server
+
+#endif  // INFOFLOW_SERVER_GROUP_GROUP_CONFIG_H_
