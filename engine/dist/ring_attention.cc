@@ -6,6 +6,10 @@
 #include <cmath>
 #include <limits>
 
+#include "engine/model/blocked_attention.h"
+#include "engine/model/model.h"
+#include "engine/model/runtime.h"
+
 namespace infoflow {
 namespace {
 
@@ -74,6 +78,12 @@ PartialAttention AttendPiece(const at::Tensor& q, const at::Tensor& k, const at:
   if (nk == 0 || n_q == 0) {
     r.out = at::zeros({n_heads, n_q, hd}, f32);
     r.lse = at::full({n_heads, n_q}, kNegInf, f32);
+    return r;
+  }
+  // Long pieces on the CPU in f32 (ring attention's passes): the blocked
+  // kernel, by Model::Attention's rule, which also gives each row's lse.
+  if (Model::BlockedAttentionPays(n_q, nk) && BlockedAttentionCpuSupports(q, k, v, q_pos, k_pos)) {
+    r.out = BlockedAttentionCpuPartial(q, k, v, q_pos, k_pos, &r.lse, MathThreads());
     return r;
   }
   std::vector<at::Tensor> outs, lses;

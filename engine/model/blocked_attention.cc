@@ -124,6 +124,10 @@ struct Packed {
   const int64_t* visible;  // [rows_pad]
   float* out;              // [n_kv][rows_pad][hd]
   int64_t hd, rows_pad, n_pad;
+  // Optional [n_kv][rows_pad]: each row's log-sum-exp of its scaled visible
+  // scores; with it, a row that sees no key gets output 0 and lse -inf (a
+  // partial result to merge) instead of NaN.
+  float* lse = nullptr;
 };
 
 // One tile: rows [r0, r0 + kTileRows) of kv head g. Scratch: s
@@ -216,10 +220,16 @@ INFOFLOW_INLINE void AttendTile(const Packed& in, int64_t g, int64_t r0, float* 
     }
   }
   float* out = in.out + (g * in.rows_pad + r0) * hd;
+  float* lse = in.lse != nullptr ? in.lse + g * in.rows_pad + r0 : nullptr;
   for (int64_t r = 0; r < kTileRows; ++r) {
-    // A row that sees no key: softmax over nothing, NaN as in Model::Attention.
-    const float inv = visible[r] > 0 ? 1.0f / l[r] : std::numeric_limits<float>::quiet_NaN();
+    // A row that sees no key: softmax over nothing, NaN as in Model::Attention
+    // (0 with lse -inf for a partial result).
+    const float empty = lse != nullptr ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+    const float inv = visible[r] > 0 ? 1.0f / l[r] : empty;
     for (int64_t d = 0; d < hd; ++d) out[r * hd + d] = o[r * hd + d] * inv;
+    if (lse != nullptr) {
+      lse[r] = visible[r] > 0 ? m[r] + std::log(l[r]) : -std::numeric_limits<float>::infinity();
+    }
   }
 }
 
@@ -305,12 +315,17 @@ bool BlockedAttentionCpuSupports(const at::Tensor& q, const at::Tensor& k, const
   return q_pos.size(0) == q.size(1) && k_pos.size(0) == k.size(1);
 }
 
-at::Tensor BlockedAttentionCpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               const at::Tensor& q_pos_in, const at::Tensor& k_pos_in, int threads,
-                               BlockedAttentionIsa isa) {
+namespace {
+
+at::Tensor BlockedAttentionImpl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& q_pos_in, const at::Tensor& k_pos_in,
+                                int threads, BlockedAttentionIsa isa, at::Tensor* lse_out) {
   const int64_t n_heads = q.size(0), n_q = q.size(1), hd = q.size(2);
   const int64_t n_kv = k.size(0), n_keys = k.size(1), group = n_heads / n_kv;
-  if (n_q == 0) return at::empty({n_heads, 0, hd}, q.options());
+  if (n_q == 0) {
+    if (lse_out != nullptr) *lse_out = at::empty({n_heads, 0}, q.options().dtype(at::kFloat));
+    return at::empty({n_heads, 0, hd}, q.options());
+  }
   if (isa == BlockedAttentionIsa::kAuto) isa = BlockedAttentionBestIsa();
   if (isa == BlockedAttentionIsa::kAvx512 && !HasAvx512()) isa = BlockedAttentionIsa::kAvx2;
   if (isa == BlockedAttentionIsa::kAvx2 && !HasAvx2()) isa = BlockedAttentionIsa::kBaseline;
@@ -364,6 +379,8 @@ at::Tensor BlockedAttentionCpu(const at::Tensor& q, const at::Tensor& k, const a
   }
 
   at::Tensor packed_out = at::empty({n_kv, rows_pad, hd}, f32);
+  at::Tensor packed_lse;
+  if (lse_out != nullptr) packed_lse = at::empty({n_kv, rows_pad}, f32);
   Packed in{qs.data_ptr<float>(),
             kp.data_ptr<float>(),
             vp.data_ptr<float>(),
@@ -371,7 +388,8 @@ at::Tensor BlockedAttentionCpu(const at::Tensor& q, const at::Tensor& k, const a
             packed_out.data_ptr<float>(),
             hd,
             rows_pad,
-            n_pad};
+            n_pad,
+            lse_out != nullptr ? packed_lse.data_ptr<float>() : nullptr};
   // Tiles, the most keys first, taken by the threads as they free up.
   // A tile's cost is the keys its last (farthest) row sees.
   std::vector<std::pair<int64_t, Item>> by_cost;
@@ -417,12 +435,39 @@ at::Tensor BlockedAttentionCpu(const at::Tensor& q, const at::Tensor& k, const a
                        .view({n_kv, n_q, group, hd})
                        .permute({0, 2, 1, 3})
                        .reshape({n_heads, n_q, hd});
+  if (lse_out != nullptr) {
+    at::Tensor lse = packed_lse.narrow(1, 0, rows)
+                         .view({n_kv, n_q, group})
+                         .permute({0, 2, 1})
+                         .reshape({n_heads, n_q});
+    if (q_idx.defined()) {
+      *lse_out = at::empty_like(lse);
+      lse_out->index_copy_(1, q_idx, lse);
+    } else {
+      *lse_out = lse.contiguous();
+    }
+  }
   if (q_idx.defined()) {
     at::Tensor unsorted = at::empty_like(out);
     unsorted.index_copy_(1, q_idx, out);
     return unsorted;
   }
   return out;
+}
+
+}  // namespace
+
+at::Tensor BlockedAttentionCpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& q_pos, const at::Tensor& k_pos, int threads,
+                               BlockedAttentionIsa isa) {
+  return BlockedAttentionImpl(q, k, v, q_pos, k_pos, threads, isa, nullptr);
+}
+
+at::Tensor BlockedAttentionCpuPartial(const at::Tensor& q, const at::Tensor& k,
+                                      const at::Tensor& v, const at::Tensor& q_pos,
+                                      const at::Tensor& k_pos, at::Tensor* lse, int threads,
+                                      BlockedAttentionIsa isa) {
+  return BlockedAttentionImpl(q, k, v, q_pos, k_pos, threads, isa, lse);
 }
 
 }  // namespace infoflow

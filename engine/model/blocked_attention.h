@@ -59,6 +59,15 @@ at::Tensor BlockedAttentionCpu(const at::Tensor& q, const at::Tensor& k, const a
                                const at::Tensor& q_pos, const at::Tensor& k_pos, int threads = 1,
                                BlockedAttentionIsa isa = BlockedAttentionIsa::kAuto);
 
+// As BlockedAttentionCpu, for one piece of the keys (ring attention,
+// engine/dist/): also returns in *lse each (head, query) row's log-sum-exp
+// of its scaled visible scores, [H, nq] f32, and a row that sees no key gets
+// output 0 and lse -inf instead of NaN, so pieces merge by online softmax.
+at::Tensor BlockedAttentionCpuPartial(const at::Tensor& q, const at::Tensor& k,
+                                      const at::Tensor& v, const at::Tensor& q_pos,
+                                      const at::Tensor& k_pos, at::Tensor* lse, int threads = 1,
+                                      BlockedAttentionIsa isa = BlockedAttentionIsa::kAuto);
+
 // The path kAuto resolves to on this CPU (kAvx512, kAvx2 or kBaseline).
 BlockedAttentionIsa BlockedAttentionBestIsa();
 

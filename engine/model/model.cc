@@ -143,8 +143,7 @@ at::Tensor Model::Attention(const at::Tensor& q, const at::Tensor& k, const at::
   // (engine/model/blocked_attention.h), unless column statistics are wanted
   // (they need the normalised probabilities, which it never forms) or the
   // call is too small for it to win (g_blocked_min_pairs, measured).
-  if (stats_out == nullptr && n_q >= kBlockedAttentionMinQueries &&
-      n_q * k.size(1) >= g_blocked_min_pairs.load(std::memory_order_relaxed) &&
+  if (stats_out == nullptr && BlockedAttentionPays(n_q, k.size(1)) &&
       BlockedAttentionCpuSupports(q, k, v, q_pos, k_pos)) {
     return BlockedAttentionCpu(q, k, v, q_pos, k_pos, MathThreads());
   }
@@ -379,6 +378,11 @@ ForwardResult Model::Forward(const at::Tensor& tokens_in, const at::Tensor& posi
 
 void Model::SetBlockedAttentionMinPairs(int64_t pairs) {
   g_blocked_min_pairs.store(pairs, std::memory_order_relaxed);
+}
+
+bool Model::BlockedAttentionPays(int64_t n_q, int64_t n_keys) {
+  return n_q >= kBlockedAttentionMinQueries &&
+         n_q * n_keys >= g_blocked_min_pairs.load(std::memory_order_relaxed);
 }
 
 int64_t AttentionQueryRows() { return g_attention_rows.load(std::memory_order_relaxed); }

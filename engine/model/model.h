@@ -208,6 +208,10 @@ class Model {
   // kernel; process-wide, default 4096. Benchmarks set it past every call
   // to time the materialising path.
   static void SetBlockedAttentionMinPairs(int64_t pairs);
+  // Whether Attention would run the blocked kernel for n_q query rows over
+  // n_keys keys (size only; the caller checks BlockedAttentionCpuSupports):
+  // ring attention's pieces (engine/dist/) follow the same rule.
+  static bool BlockedAttentionPays(int64_t n_q, int64_t n_keys);
 
   // DecodeStep's attention: query row b of q [H, B, hd] at q_pos[b] ([B]
   // int64) attends over caches[b]'s `layer` only. Returns [H, B, hd]; row b

@@ -13,6 +13,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -25,6 +26,7 @@
 #include "engine/blend/pipeline.h"
 #include "engine/chunk/chunk_prefill.h"
 #include "engine/dist/sp_group.h"
+#include "engine/dist/ring_attention.h"
 #include "engine/dist/sp_pipeline.h"
 #include "engine/model/forward.h"
 #include "engine/model/model.h"
@@ -488,6 +490,38 @@ TEST(ShardLayoutTest, SplitsContiguouslyByTokens) {
   ShardLayout two = SplitChunks({10, 10}, 1, 4);
   EXPECT_EQ(two.ctx_end.back(), 20);
   for (int r = 1; r < 4; ++r) EXPECT_EQ(two.ctx_begin[r], two.ctx_end[r - 1]);
+}
+
+// Ring attention's pieces run the blocked kernel (with each row's lse) from
+// Model::Attention's size on; the materialised path is the reference. Keys
+// at repositioned, unsorted positions; some rows see no key of the piece.
+TEST(AttendPieceTest, BlockedPieceMatchesMaterialised) {
+  at::manual_seed(3);
+  const int64_t H = 8, Hkv = 2, nq = 40, nk = 300, hd = 32;
+  at::Tensor q = at::randn({H, nq, hd}), k = at::randn({Hkv, nk, hd}), v = at::randn({Hkv, nk, hd});
+  at::Tensor k_pos = at::randperm(nk, at::kLong) + 100;  // keys at 100..399, shuffled
+  at::Tensor q_pos = at::arange(60, 460, 10, at::kLong);  // rows at 60..450: the first 4 see none
+  Model::SetBlockedAttentionMinPairs(int64_t{1} << 40);
+  const PartialAttention want = AttendPiece(q, k, v, q_pos, k_pos);
+  Model::SetBlockedAttentionMinPairs(64 * 64);
+  ASSERT_TRUE(Model::BlockedAttentionPays(nq, nk));
+  const PartialAttention got = AttendPiece(q, k, v, q_pos, k_pos);
+  ASSERT_EQ(got.out.sizes(), want.out.sizes());
+  ASSERT_EQ(got.lse.sizes(), want.lse.sizes());
+  for (int64_t i = 0; i < 4; ++i) {
+    EXPECT_TRUE(std::isinf(got.lse[0][i].item<float>())) << i;
+    EXPECT_EQ(got.out.select(1, i).abs().max().item<float>(), 0.0f) << i;
+  }
+  at::Tensor seen = got.lse.narrow(1, 4, nq - 4), seen_want = want.lse.narrow(1, 4, nq - 4);
+  EXPECT_LT((seen - seen_want).abs().max().item<float>(), 1e-5);
+  EXPECT_LT((got.out - want.out).abs().max().item<float>(), 1e-5);
+  // Merging two halves of the keys equals attending all of them.
+  PartialAttention merged;
+  MergePartial(&merged, AttendPiece(q, k.narrow(1, 0, 150), v.narrow(1, 0, 150), q_pos,
+                                    k_pos.narrow(0, 0, 150)));
+  MergePartial(&merged, AttendPiece(q, k.narrow(1, 150, 150), v.narrow(1, 150, 150), q_pos,
+                                    k_pos.narrow(0, 150, 150)));
+  EXPECT_LT((merged.out - want.out).abs().max().item<float>(), 1e-5);
 }
 
 }  // namespace
