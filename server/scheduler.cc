@@ -205,6 +205,7 @@ void Scheduler::Impl::PrefillThread() {
   ScopedYieldPolicy policy({[this] { baton.YieldToDecode(); }, options.max_batch_tokens});
   while (true) {
     std::shared_ptr<Request> r;
+    bool alone = false;
     {
       std::unique_lock<std::mutex> l(mu);
       cv.wait(l, [&] { return stop_prefill || (!queue.empty() && running < options.max_running); });
@@ -214,7 +215,15 @@ void Scheduler::Impl::PrefillThread() {
       r->started = true;
       ++running;
       ++admitted;
+      alone = running == 1;
     }
+    // Nothing is decoding (this request is the only one past the queue),
+    // and nothing can start to before this prefill ends: only this thread
+    // moves requests into the batch. Yield points and row blocks would then
+    // only cost time (smaller matmuls, attention in rounds), so the prefill
+    // runs whole, as the engine does in-process.
+    std::optional<ScopedYieldPolicy> whole;
+    if (alone) whole.emplace(YieldPolicy{});
     if (metrics) metrics->ObserveQueueWait(Seconds(Clock::now() - r->enqueued));
     if (r->cancel.load()) {
       Complete(r.get(), absl::CancelledError("cancelled while waiting in the queue"));

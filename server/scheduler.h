@@ -10,7 +10,11 @@
 //    (engine/model/yield_point.h): between pieces of at most
 //    `max_batch_tokens` query rows it hands the device to the decode loop
 //    for one step when any request is decoding and the prefill has used its
-//    `prefill_slice_ms` since it last took the device, then continues;
+//    `prefill_slice_ms` since it last took the device, then continues. A
+//    prefill that starts while nothing decodes runs whole, without yield
+//    points or row blocks: nothing can start decoding before it ends (only
+//    this thread moves requests into the batch), so it runs at the engine's
+//    in-process speed;
 //  - the decode loop advances every query in its decode phase by one token
 //    per step with one batched forward (Model::DecodeStep). Queries join
 //    after their prefill and leave when they finish, are cancelled or pass
