@@ -111,7 +111,9 @@ void LargeBufferPool::Release(void* data) {
     stats_.in_use_bytes -= bytes;
     if (stats_.cached_bytes + bytes <= retain_bytes_) {
       it->second.released_seq = ++release_seq_;
-      free_.emplace(bytes, data);
+      // First among blocks of its size: the next request for that size
+      // gets the block freed last (cache-warm), as glibc's bins would.
+      free_.emplace_hint(free_.lower_bound(bytes), bytes, data);
       stats_.cached_bytes += bytes;
       return;
     }

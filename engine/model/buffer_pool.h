@@ -32,10 +32,14 @@
 namespace infoflow {
 
 struct BufferPoolOptions {
-  // Allocations of at least this many bytes come from pooled mappings (128
-  // KiB: what glibc would serve with mmap by default; per-chunk RoPE tables
-  // and rotated keys of a 512-token chunk are just under 1 MiB).
-  size_t min_bytes = size_t{1} << 20;
+  // Allocations of at least this many bytes come from pooled mappings. 256
+  // KiB: below it live only per-row and per-head odds and ends (about 2-3
+  // MiB of a query's pages, measured by serve_bench's page-fault line);
+  // above it the activations of short queries (a 384-row recompute at 2K is
+  // 768 KiB), per-chunk K/V slices and RoPE scratch, which a 1 MiB
+  // threshold left on the heap for the idle trim to hand back (+8-14% TTFT
+  // after idle at 2K, docs/DESIGN.md §15).
+  size_t min_bytes = size_t{256} << 10;
   // Freed blocks kept for reuse, at most (0 = keep none: every large buffer
   // is mapped on allocation and unmapped on free).
   size_t retain_bytes = size_t{2} << 30;

@@ -73,7 +73,7 @@ void InitTorchRuntime(int threads) {
     // Keep freed memory in the heap instead.
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
-    // Tensors of 128 KiB and more come from the buffer pool instead, which a
+    // Tensors of BufferPoolOptions::min_bytes and more come from the buffer pool instead, which a
     // heap trim (the server's idle trimmer) leaves resident: see
     // buffer_pool.h.
     InstallLargeBufferPool();

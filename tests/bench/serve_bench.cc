@@ -29,15 +29,18 @@
 // In 1. each run sends the query twice back to back and reports the second
 // (warm: no pause before it), then runs the engine in-process on the same
 // inputs, then sends the same query once more after the server has been idle
-// for --idle-wait-ms (default 1500: longer than the server's default 1 s trim
-// period, which the bench leaves at its default): the "idle" columns.
+// for --idle-wait-ms (default 2500: the server's idle trimmer wakes once per
+// 1 s period and trims after a whole quiet period, so by 2 s the heap has
+// certainly been trimmed; the bench leaves the period at its default): the
+// "idle" columns. The server's minor page faults during the warm and the
+// after-idle query are printed under each row (pages touched afresh).
 //
 //   serve_bench [--out DIR] [--contexts 1024,2048,4096,8192] [--reps 5]
 //               [--threads N] [--model DIR] [--chunk-tokens 512]
 //               [--streams 1,4,16] [--seconds 10] [--conc-context 1024]
 //               [--decode-tokens 64] [--prefill-context 8192] [--ttft true]
 //               [--workers 16] [--max-batch-tokens N] [--server BIN]
-//               [--idle-wait-ms 1500] [--bound-tokens 128]
+//               [--idle-wait-ms 2500] [--bound-tokens 128]
 //               [--bound-chunk-tokens 80] [--rss-queries 0] [--rss-context 8192]
 //               [--rss-idle-ms 2500]
 //               [--sections ttft,concurrency,interference,bound,rss]
@@ -64,6 +67,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <iterator>
 #include <thread>
 #include <vector>
 
@@ -159,6 +163,22 @@ absl::StatusOr<Run> QueryOnce(client::Client& c, const std::vector<std::string>&
 // QueryOnce: [BOS] prefix, the chunk KVs, the rendered template, one token.
 // Returns ms from the call to the first token (what the server's TTFT covers,
 // minus fetching the chunks from the store and gRPC).
+// Minor page faults of process `pid` so far (/proc/PID/stat field 10): the
+// pages a query touched for the first time since they were mapped or handed
+// back (the idle trim), each zero-filled by the kernel.
+int64_t MinorFaults(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');  // the command name may hold spaces
+  if (paren == std::string::npos) return -1;
+  std::istringstream rest(stat.substr(paren + 2));
+  std::string field;
+  for (int i = 3; i <= 10 && rest >> field; ++i) {
+    if (i == 10) return std::stoll(field);
+  }
+  return -1;
+}
+
 absl::StatusOr<double> InProcessTtft(const Model& model, const Tokenizer& tok,
                                      const std::vector<std::shared_ptr<const ChunkKv>>& chunks,
                                      const MethodRow& m, const std::string& question) {
@@ -265,7 +285,7 @@ int Main(int argc, char** argv) {
   bool ttft_section = true;
   int64_t max_batch_tokens = 0;  // 0: the server's default
   double seconds = 10;
-  int idle_wait_ms = 1500, bound_tokens = 128, rss_queries = 0, rss_idle_ms = 2500;
+  int idle_wait_ms = 2500, bound_tokens = 128, rss_queries = 0, rss_idle_ms = 2500;
   int64_t bound_chunk_tokens = 80, rss_context = 8192;
   std::string sections = "ttft,concurrency,interference,bound,rss";
   std::vector<std::string> extra_server_args;  // --server-arg, repeatable
@@ -278,7 +298,7 @@ int Main(int argc, char** argv) {
                   "  [--seconds 10] [--conc-context 1024] [--decode-tokens 64]\n"
                   "  [--prefill-context 8192] [--ttft true|false] [--workers 16]\n"
                   "  [--max-batch-tokens N (passed to the server)] [--server BIN]\n"
-                  "  [--idle-wait-ms 1500 (0 = no idle column)] [--bound-tokens 128]\n"
+                  "  [--idle-wait-ms 2500 (0 = no idle column)] [--bound-tokens 128]\n"
                   "  [--bound-chunk-tokens 80] [--rss-queries 0] [--rss-context 8192]\n"
                   "  [--rss-idle-ms 2500 (idle time before the last RSS reading)]\n"
                   "  [--sections ttft,concurrency,interference,bound,rss (a subset)]\n"
@@ -525,7 +545,8 @@ int Main(int argc, char** argv) {
         }
         if (!wanted) continue;
       }
-      std::vector<double> ttft, client_ms, inproc, idle_client, idle_fetch, idle_repos;
+      std::vector<double> ttft, client_ms, inproc, idle_client, idle_fetch, idle_repos,
+          warm_faults, idle_faults;
       std::vector<std::vector<double>> stages(9);
       int64_t ctx_tokens = 0, recomputed = 0;
       for (int r = -1; r < reps; ++r) {
@@ -533,7 +554,9 @@ int Main(int argc, char** argv) {
         // follow the previous rep's in-process run, a longer pause than
         // the server's trim period for every slow method).
         auto run = QueryOnce(c, k, m, question);
+        const int64_t faults0 = MinorFaults(srv.pid());
         if (run.ok()) run = QueryOnce(c, k, m, question);
+        const int64_t faults1 = MinorFaults(srv.pid());
         if (!run.ok()) {
           std::fprintf(stderr, "%s at %lld: %s\n", m.name.c_str(), static_cast<long long>(context),
                        run.status().ToString().c_str());
@@ -547,10 +570,13 @@ int Main(int argc, char** argv) {
         }
         if (r < 0) continue;  // warm-up
         inproc.push_back(*in);
+        warm_faults.push_back(static_cast<double>(faults1 - faults0));
         if (idle_wait_ms > 0) {
           // The same query after an idle spell longer than the trim period.
           std::this_thread::sleep_for(std::chrono::milliseconds(idle_wait_ms));
+          const int64_t idle0 = MinorFaults(srv.pid());
           auto idle = QueryOnce(c, k, m, question);
+          idle_faults.push_back(static_cast<double>(MinorFaults(srv.pid()) - idle0));
           if (!idle.ok()) {
             std::fprintf(stderr, "%s after idle: %s\n", m.name.c_str(),
                          idle.status().ToString().c_str());
@@ -592,6 +618,11 @@ int Main(int argc, char** argv) {
                   100.0 * overhead, idle_client.empty() ? NAN : Median(idle_client),
                   100.0 * idle_overhead, idle_fetch.empty() ? NAN : Median(idle_fetch),
                   idle_repos.empty() ? NAN : Median(idle_repos));
+      std::printf("%-26s server page faults per query: warm %.0f (%.1f MiB), after idle %.0f "
+                  "(%.1f MiB)\n",
+                  "", Median(warm_faults), Median(warm_faults) * 4096 / (1 << 20),
+                  idle_faults.empty() ? NAN : Median(idle_faults),
+                  idle_faults.empty() ? NAN : Median(idle_faults) * 4096 / (1 << 20));
       std::fflush(stdout);
       if (m.method == v1::METHOD_INFOFLOW && !m.reorder) {
         std::printf("%-26s scoring pass = %.1f%% of TTFT\n", "", 100.0 * Median(stages[2]) / med);

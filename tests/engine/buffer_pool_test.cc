@@ -73,6 +73,33 @@ TEST_F(BufferPoolTest, SmallTensorsBypassThePool) {
   EXPECT_EQ(t.sum().item<float>(), 1000.0f);
 }
 
+// Among cached blocks of one size, the one freed last comes back first: it
+// is the one still in the CPU's caches (a FIFO order made the pool's small
+// blocks cache-cold, docs/DESIGN.md §15).
+TEST_F(BufferPoolTest, TheBlockFreedLastIsReusedFirst) {
+  void* a_ptr = nullptr;
+  void* b_ptr = nullptr;
+  {
+    at::Tensor a = Floats(512 << 10), b = Floats(512 << 10);
+    a_ptr = a.data_ptr();
+    b_ptr = b.data_ptr();
+    a.reset();  // freed first
+  }             // b freed last
+  at::Tensor c = Floats(512 << 10);
+  EXPECT_EQ(c.data_ptr(), b_ptr);
+  at::Tensor d = Floats(512 << 10);
+  EXPECT_EQ(d.data_ptr(), a_ptr);
+}
+
+// The smallest pooled size: a short query's activations and per-chunk
+// scratch are pooled (a trim of the heap leaves them resident).
+TEST_F(BufferPoolTest, ShortQueryActivationsArePooled) {
+  EXPECT_EQ(BufferPoolOptions{}.min_bytes, size_t{256} << 10);
+  const BufferPoolStats s0 = pool_->stats();
+  at::Tensor t = Floats(384 * 512 * 4);  // a 384-row recompute at width 512
+  EXPECT_GT(pool_->stats().in_use_bytes, s0.in_use_bytes);
+}
+
 TEST_F(BufferPoolTest, ABlockFarLargerThanTheRequestIsNotHandedOut) {
   { at::Tensor big = Floats(64 * kMiB); }
   const BufferPoolStats s0 = pool_->stats();
