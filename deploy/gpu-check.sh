@@ -22,6 +22,10 @@
 #     $BUILD/peer-llama-cpp); where this machine has no npm registry, fill it
 #     beforehand: bash tests/bench/peer/install-llama-cpp.sh DIR --cuda.
 #     PEER_BENCH=0 skips it.
+#  7. when nvidia-smi sees 2 GPUs or more: tests/bench/sp_bench --device cuda
+#     --backend nccl --world 2 (rank r on cuda:r, ProcessGroupNCCL): the paper's
+#     ring-attention FULL vs sequence-parallel INFOFLOW at SP_CONTEXTS (default
+#     16384,32768) beside one GPU. SP_BENCH=0 skips it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:?usage: gpu-check.sh MODEL_DIR [\"8192 16384 32768\"]}
@@ -38,7 +42,7 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
   echo "== 1. build (INFOFLOW_CUDA=ON, Torch_DIR=$Torch_DIR)"
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DINFOFLOW_CUDA=ON -DTorch_DIR="$Torch_DIR" >/dev/null
   cmake --build "$BUILD" -j"$JOBS" --target infoflow-server infoflow infoflow-eval engine_tests engine_bench \
-    peer_bench
+    peer_bench sp_bench
 
   echo "== 2. engine_tests"
   "$BUILD"/tests/engine/engine_tests --gtest_brief=1
@@ -136,5 +140,11 @@ if [ "${PEER_BENCH:-1}" = 1 ] && command -v nvidia-smi >/dev/null && nvidia-smi 
   LD_LIBRARY_PATH="${NV_LIBS:+$NV_LIBS:}${LD_LIBRARY_PATH:-}" "$BUILD"/tests/bench/peer_bench --gpu \
     --contexts "${PEER_CONTEXTS:-2048,8192,16384}" --reps 3 --threads "${PEER_THREADS:-2}" \
     --llama-dir "${PEER_LLAMA_DIR:-$BUILD/peer-llama-cpp}" --out "$BUILD/peer-gpu"
+fi
+if [ "${SP_BENCH:-1}" = 1 ] && command -v nvidia-smi >/dev/null &&
+   [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+  echo "== 7. sp_bench --device cuda: ring-attention FULL vs sequence-parallel INFOFLOW, 2 GPUs (NCCL)"
+  "$BUILD"/tests/bench/sp_bench --device cuda --backend nccl --world 2 \
+    --contexts "${SP_CONTEXTS:-16384,32768}" --ratio 0.15 --reps 3
 fi
 echo "gpu-check: done"

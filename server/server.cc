@@ -233,6 +233,11 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
     group.port = hp->second;
     group.timeout = std::chrono::milliseconds(options.dist_timeout_ms);
     group.interface = options.dist_interface;
+    group.device = s->model->device().str();
+    group.backend = options.dist_backend;
+    if (group.backend == "auto") {
+      group.backend = s->model->device().is_cuda() && DistHasNccl() ? "nccl" : "gloo";
+    }
     if (options.rank == 0) {
       absl::StatusOr<std::unique_ptr<GroupLeader>> leader =
           GroupLeader::Start(group, s->model.get(), s->tokenizer.get(), s->store.get());

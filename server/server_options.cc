@@ -121,6 +121,9 @@ const char kServerUsage[] =
     "  --dist-interface NAME   network interface for the group's data connections (default:\n"
     "                          the loopback address for a 127.x --dist-init, else the\n"
     "                          address of this machine's hostname)\n"
+    "  --dist-backend B        the group's data plane: gloo, nccl (CUDA builds, ranks on GPUs)\n"
+    "                          or auto (default: nccl when --device is a GPU and the build\n"
+    "                          has NCCL, else gloo)\n"
     "  --config FILE           key=value lines with the flag names above\n";
 
 namespace {
@@ -221,6 +224,13 @@ absl::Status Apply(ServerOptions* o, const std::string& name, const std::string&
   else if (name == "dist-init") o->dist_init = value;
   else if (name == "dist-timeout-ms") return num(&o->dist_timeout_ms, 100);
   else if (name == "dist-interface") o->dist_interface = value;
+  else if (name == "dist-backend") {
+    if (value != "auto" && value != "gloo" && value != "nccl") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--dist-backend: expected auto, gloo or nccl, got '", value, "'"));
+    }
+    o->dist_backend = value;
+  }
   else if (name == "max-prompt-tokens") return num(&o->max_prompt_tokens, 1);
   else if (name == "max-prefix-tokens") return num(&o->max_prefix_tokens, 1);
   else if (name == "store-sync") return boolean(&o->store_sync);

@@ -112,6 +112,9 @@ struct ServerOptions {
   std::string dist_init = "127.0.0.1:29500";
   int dist_timeout_ms = 30000;
   std::string dist_interface;  // Gloo's network interface; "" = automatic
+  // "auto" (NCCL when the model is on a GPU and the build has it, else
+  // Gloo), "gloo" or "nccl".
+  std::string dist_backend = "auto";
 };
 
 // Parses `argv` (argv[0] is the program). `--config FILE` reads key=value

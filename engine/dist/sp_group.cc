@@ -9,7 +9,14 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <cstdlib>
 #include <utility>
+#ifdef INFOFLOW_WITH_NCCL
+// CUDA builds only (engine/CMakeLists.txt defines both macros when the
+// libtorch found has CUDA): Debian's CPU libtorch ships the header but not
+// the library.
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include "absl/strings/str_cat.h"
 
@@ -17,7 +24,12 @@ namespace infoflow {
 
 struct SequenceParallelGroup::Impl {
   c10::intrusive_ptr<c10d::TCPStore> store;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  bool nccl = false;
+  // Where the backend wants tensors: the CPU for Gloo, the rank's GPU for
+  // NCCL. Tensors elsewhere are staged (copied over before a send, received
+  // into a staging buffer and copied back after the wait).
+  at::Device transport{at::kCPU};
 };
 
 struct PendingExchange::State {
@@ -26,10 +38,19 @@ struct PendingExchange::State {
     bool is_send;
     c10::intrusive_ptr<c10d::Work> work;
     std::vector<at::Tensor> keep;  // the buffer stays alive until the op ends
+    at::Tensor copy_back_to;       // a staged receive: its caller's tensor
   };
   std::vector<Op> ops;
   absl::Status error;  // set when posting already failed
 };
+
+bool DistHasNccl() {
+#ifdef INFOFLOW_WITH_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
 
 PendingExchange::PendingExchange() : state_(std::make_unique<State>()) {}
 PendingExchange::~PendingExchange() = default;
@@ -91,6 +112,30 @@ absl::StatusOr<std::unique_ptr<SequenceParallelGroup>> SequenceParallelGroup::Jo
     if (!options.key_prefix.empty()) {
       rendezvous = c10::make_intrusive<c10d::PrefixStore>(options.key_prefix, impl->store);
     }
+    if (options.backend == "nccl") {
+#ifdef INFOFLOW_WITH_NCCL
+      // Blocking wait: Work::wait then honours the group timeout and throws
+      // for a dead or stalled peer, as Gloo does (without it NCCL waits
+      // forever).
+      setenv("NCCL_BLOCKING_WAIT", "1", 0);
+      auto no = c10d::ProcessGroupNCCL::Options::create();
+      no->timeout = options.timeout;
+      impl->transport = at::Device(options.device);
+      impl->nccl = true;
+      impl->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(rendezvous, options.rank,
+                                                             options.world_size, no);
+      return std::unique_ptr<SequenceParallelGroup>(
+          new SequenceParallelGroup(options, std::move(impl), port));
+#else
+      return absl::UnimplementedError(
+          "backend nccl: this build has no NCCL (build with -DINFOFLOW_CUDA=ON against a CUDA "
+          "libtorch)");
+#endif
+    }
+    if (options.backend != "gloo") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("backend must be gloo or nccl, got '", options.backend, "'"));
+    }
     auto go = c10d::ProcessGroupGloo::Options::create(options.timeout);
     // The device is this rank's own address: the store's host only when
     // every rank is on this machine (loopback).
@@ -128,24 +173,35 @@ std::unique_ptr<PendingExchange> SequenceParallelGroup::Start(
   }
   int peer = -1;
   bool is_send = true;
+  const at::Device dev = impl_->transport;
   try {
+#ifdef INFOFLOW_WITH_NCCL
+    // NCCL pairs point-to-point calls in order, per peer; posted one by one, a
+    // rank sending to and receiving from the same peer would wait on itself.
+    // One group makes every send and receive of this exchange one operation.
+    if (impl_->nccl) c10d::ProcessGroupNCCL::groupStart();
+#endif
     for (size_t i = 0; i < sends.size(); ++i) {
       const at::Tensor& t = sends[i].second;
       if (!t.defined() || t.numel() == 0) continue;
       peer = sends[i].first, is_send = true;
-      std::vector<at::Tensor> v{t};
+      std::vector<at::Tensor> v{t.device() == dev ? t : t.to(dev).contiguous()};
       auto w = impl_->pg->send(v, peer, base + static_cast<int>(i));
       bytes_sent_ += static_cast<int64_t>(t.numel() * t.element_size());
-      ex->ops.push_back({peer, true, w, v});
+      ex->ops.push_back({peer, true, w, v, {}});
     }
     for (size_t i = 0; i < recvs.size(); ++i) {
       const at::Tensor& t = recvs[i].second;
       if (!t.defined() || t.numel() == 0) continue;
       peer = recvs[i].first, is_send = false;
-      std::vector<at::Tensor> v{t};
+      const bool staged = t.device() != dev;
+      std::vector<at::Tensor> v{staged ? at::empty(t.sizes(), t.options().device(dev)) : t};
       auto w = impl_->pg->recv(v, peer, base + static_cast<int>(i));
-      ex->ops.push_back({peer, false, w, v});
+      ex->ops.push_back({peer, false, w, v, staged ? t : at::Tensor()});
     }
+#ifdef INFOFLOW_WITH_NCCL
+    if (impl_->nccl) c10d::ProcessGroupNCCL::groupEnd();
+#endif
   } catch (const std::exception& e) {
     ex->error = absl::UnavailableError(absl::StrCat(
         "rank ", peer, ": ", is_send ? "send to" : "receive from", " it failed: ", Brief(e)));
@@ -161,6 +217,7 @@ absl::Status SequenceParallelGroup::Wait(std::unique_ptr<PendingExchange> holder
     try {
       if (!broken()) {
         op.work->wait(options_.timeout);
+        if (op.copy_back_to.defined()) op.copy_back_to.copy_(op.keep[0]);
         continue;
       }
     } catch (const std::exception& e) {

@@ -1,6 +1,6 @@
 // A sequence-parallel group: N processes (ranks), one per device, joined by
 // libtorch's c10d (a TCPStore at HOST:PORT for rendezvous, ProcessGroupGloo
-// for the data). engine/dist/ splits one query's context across the ranks
+// or, in CUDA builds, ProcessGroupNCCL for the data). engine/dist/ splits one query's context across the ranks
 // (docs/DESIGN.md "Sequence parallelism").
 //
 // Every exchange is point to point (Gloo send/recv), even the collectives,
@@ -46,6 +46,13 @@ struct GroupOptions {
   // a new group (a new prefix) after a rank failed without a new store.
   bool use_existing_store = false;
   std::string key_prefix;
+  // The data plane: "gloo" (CPU; any tensor is staged through host memory)
+  // or "nccl" (CUDA builds, -DINFOFLOW_CUDA=ON against a libtorch with NCCL:
+  // tensors go device to device; CPU tensors are staged on `device`).
+  // A build without NCCL refuses "nccl" with UNIMPLEMENTED.
+  std::string backend = "gloo";
+  // This rank's device for "nccl" (e.g. "cuda:1"; one GPU per rank).
+  std::string device = "cpu";
   // Network interface for Gloo's connections (e.g. "eth0"); "" = `host`'s
   // address when it is loopback (one machine), else the address this
   // machine's hostname resolves to.
@@ -64,6 +71,9 @@ class PendingExchange {
   struct State;
   std::unique_ptr<State> state_;
 };
+
+// Whether this build can use backend "nccl" (a CUDA libtorch with NCCL).
+bool DistHasNccl();
 
 class SequenceParallelGroup {
  public:

@@ -19,6 +19,9 @@ struct GroupConfig {
   // Network interface for Gloo's data connections; "" = the address that
   // `host` routes from when it is loopback, else the machine's hostname.
   std::string interface;
+  // Data plane: "gloo", or "nccl" (CUDA builds; ranks on GPUs).
+  std::string backend = "gloo";
+  std::string device = "cpu";  // this rank's model device ("cuda:1")
 };
 
 // Control-store keys, one place for both sides of the protocol.

@@ -157,6 +157,8 @@ void GroupLeader::Form(int64_t gen) {
   o.use_existing_store = true;
   o.key_prefix = group_keys::GroupPrefix(gen);
   o.interface = config_.interface;
+  o.backend = config_.backend;
+  o.device = config_.device;
   const Clock::time_point t0 = Clock::now();
   absl::StatusOr<std::unique_ptr<SequenceParallelGroup>> g = SequenceParallelGroup::Join(o);
   std::vector<int64_t> beats(config_.world_size, -1);

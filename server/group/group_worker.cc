@@ -153,6 +153,8 @@ absl::Status GroupWorker::Serve(GroupStore *control) {
     o.use_existing_store = true;
     o.key_prefix = group_keys::GroupPrefix(gen);
     o.interface = config_.interface;
+  o.backend = config_.backend;
+  o.device = config_.device;
     absl::StatusOr<std::unique_ptr<SequenceParallelGroup>> joined = SequenceParallelGroup::Join(o);
     done_gen = gen;
     if (!joined.ok()) {

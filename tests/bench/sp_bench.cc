@@ -7,7 +7,13 @@
 // context KV bytes each rank held.
 //
 //   sp_bench [--contexts 8192,16384] [--world 2] [--threads 1] [--ratio 0.15]
-//            [--chunk 512] [--reps 1] [--model DIR]
+//            [--chunk 512] [--reps 1] [--model DIR] [--device cpu|cuda]
+//            [--backend gloo|nccl]
+//
+// --device cuda (a -DINFOFLOW_CUDA=ON build; deploy/gpu-check.sh step 7):
+// rank r runs on cuda:r and the single process on cuda:0; the backend is
+// then NCCL unless --backend gloo (which stages every exchange through host
+// memory).
 //
 // Without --model it uses the benchmarks' generated 6-layer, 512-wide LLaMA
 // (tests/bench/bench_util.h). Ranks start as this binary with --sp-rank
@@ -49,6 +55,7 @@ struct Flags {
   int64_t chunk = 512;
   double ratio = 0.15;
   std::string model;
+  std::string device = "cpu", backend;
 };
 
 std::map<std::string, std::string> ParseFlags(int argc, char** argv) {
@@ -66,12 +73,19 @@ Flags ReadFlags(std::map<std::string, std::string>& f) {
   if (f.count("--chunk")) x.chunk = std::stoll(f["--chunk"]);
   if (f.count("--ratio")) x.ratio = std::stod(f["--ratio"]);
   if (f.count("--model")) x.model = f["--model"];
+  if (f.count("--device")) x.device = f["--device"];
+  x.backend = f.count("--backend") ? f["--backend"] : (x.device == "cpu" ? "gloo" : "nccl");
   return x;
 }
 
-std::unique_ptr<Model> LoadCpu(const std::string& dir) {
+// `device` "cpu", or "cuda" for GPU `index` (cuda:index).
+std::string DeviceFor(const std::string& device, int index) {
+  return device == "cpu" ? device : device + ":" + std::to_string(index);
+}
+
+std::unique_ptr<Model> Load(const std::string& dir, const std::string& device) {
   LoadOptions lo;
-  lo.device = "cpu";
+  lo.device = device;
   auto m = Model::Load(dir, lo);
   if (!m.ok()) {
     std::fprintf(stderr, "load %s: %s\n", dir.c_str(), m.status().ToString().c_str());
@@ -124,10 +138,12 @@ int RunRank(int argc, char** argv) {
   auto f = ParseFlags(argc, argv);
   Flags flags = ReadFlags(f);
   InitTorchRuntime(flags.threads);  // OpenBLAS on `threads` cores, as the server
-  std::unique_ptr<Model> model = LoadCpu(flags.model);
-  if (!model) return 2;
   GroupOptions go;
   go.rank = std::stoi(f["--sp-rank"]);
+  go.device = DeviceFor(flags.device, go.rank);
+  go.backend = flags.backend;
+  std::unique_ptr<Model> model = Load(flags.model, go.device);
+  if (!model) return 2;
   go.world_size = std::stoi(f["--sp-world"]);
   go.port = std::stoi(f["--sp-port"]);
   go.timeout = std::chrono::milliseconds(600000);
@@ -159,7 +175,7 @@ int RunRank(int argc, char** argv) {
       std::vector<double> ttft, cpu;
       int64_t bytes = 0, kv = 0;
       for (int rep = 0; rep < flags.reps; ++rep) {
-        at::Tensor sync = at::zeros({1});
+        at::Tensor sync = at::zeros({1}, at::TensorOptions().device(model->device()));
         if (!(*group)->Broadcast(&sync, 0).ok()) return 3;  // start together
         const double cpu0 = CpuMs();
         auto r = RunShardedQuery(*model, group->get(), in, Options(m, flags.ratio),
@@ -182,6 +198,17 @@ int RunRank(int argc, char** argv) {
 }
 
 int Main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf(
+          "usage: sp_bench [--contexts 8192,16384] [--world 2] [--threads 1] [--ratio 0.15]\n"
+          "  [--chunk 512] [--reps 1] [--model DIR] [--device cpu|cuda] [--backend gloo|nccl]\n"
+          "Ring-attention FULL vs sequence-parallel INFOFLOW over --world rank processes\n"
+          "(127.0.0.1), beside the same methods in one process; see the file comment.\n");
+      return 0;
+    }
+  }
   auto f = ParseFlags(argc, argv);
   Flags flags = ReadFlags(f);
   const std::filesystem::path tmp =
@@ -195,12 +222,13 @@ int Main(int argc, char** argv) {
     }
   }
   InitTorchRuntime(flags.threads);  // OpenBLAS on `threads` cores, as the server
-  std::unique_ptr<Model> model = LoadCpu(flags.model);
+  std::unique_ptr<Model> model = Load(flags.model, DeviceFor(flags.device, 0));
   if (!model) return 2;
   std::printf(
       "sp_bench: %d ranks x %d thread(s) vs 1 process x %d thread(s); r = %.2f; "
-      "chunks of %lld; best of %d\n",
-      flags.world, flags.threads, flags.threads, flags.ratio, (long long)flags.chunk, flags.reps);
+      "chunks of %lld; best of %d; device %s, backend %s\n",
+      flags.world, flags.threads, flags.threads, flags.ratio, (long long)flags.chunk, flags.reps,
+      flags.device.c_str(), flags.backend.c_str());
   // Single process: the same queries through BuildContext + the prompt.
   std::map<std::pair<int64_t, std::string>, double> single, single_cpu;
   for (int64_t context : flags.contexts) {
@@ -241,7 +269,11 @@ int Main(int argc, char** argv) {
                                    "--chunk",
                                    std::to_string(flags.chunk),
                                    "--ratio",
-                                   std::to_string(flags.ratio)};
+                                   std::to_string(flags.ratio),
+                                   "--device",
+                                   flags.device,
+                                   "--backend",
+                                   flags.backend};
   std::string contexts;
   for (int64_t c : flags.contexts) contexts += (contexts.empty() ? "" : ",") + std::to_string(c);
   base.insert(base.end(), {"--contexts", contexts});
