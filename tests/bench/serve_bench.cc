@@ -524,7 +524,8 @@ int Main(int argc, char** argv) {
   sum_csv << "context_target,context_tokens,method,reps,ttft_ms_median,ratio_to_full,"
              "client_ttft_ms_median,fetch_ms,reposition_ms,score_ms,select_ms,reorder_ms,"
              "recompute_ms,prompt_ms,first_token_ms,recomputed_tokens,inprocess_ttft_ms_median,"
-             "grpc_overhead,idle_client_ttft_ms_median,idle_grpc_overhead\n";
+             "grpc_overhead,idle_client_ttft_ms_median,idle_grpc_overhead,"
+             "idle_inprocess_ttft_ms_median,warm_page_faults,idle_page_faults\n";
   std::map<std::pair<int64_t, std::string>, double> ttft_median;
   for (int64_t context : ttft_section ? contexts : std::vector<int64_t>{}) {
     const std::vector<std::string> k = keys_for(context);
@@ -546,7 +547,7 @@ int Main(int argc, char** argv) {
         if (!wanted) continue;
       }
       std::vector<double> ttft, client_ms, inproc, idle_client, idle_fetch, idle_repos,
-          warm_faults, idle_faults;
+          warm_faults, idle_faults, idle_inproc;
       std::vector<std::vector<double>> stages(9);
       int64_t ctx_tokens = 0, recomputed = 0;
       for (int r = -1; r < reps; ++r) {
@@ -585,6 +586,17 @@ int Main(int argc, char** argv) {
           idle_client.push_back(idle->client_ms);
           idle_fetch.push_back(idle->report.stages().fetch_ms());
           idle_repos.push_back(idle->report.stages().reposition_ms());
+          // The engine in-process after the same pause: what the machine
+          // itself costs after idling (caches, clocks), with no server and
+          // no heap trim involved.
+          std::this_thread::sleep_for(std::chrono::milliseconds(idle_wait_ms));
+          auto in_idle = InProcessTtft(*model, **tok, kv_in, m, question);
+          if (!in_idle.ok()) {
+            std::fprintf(stderr, "in-process %s after idle: %s\n", m.name.c_str(),
+                         in_idle.status().ToString().c_str());
+            return 1;
+          }
+          idle_inproc.push_back(*in_idle);
         }
         const v1::StageTimings& s = run->report.stages();
         const double st[9] = {s.fetch_ms(),  s.reposition_ms(), s.score_ms(),
@@ -618,11 +630,14 @@ int Main(int argc, char** argv) {
                   100.0 * overhead, idle_client.empty() ? NAN : Median(idle_client),
                   100.0 * idle_overhead, idle_fetch.empty() ? NAN : Median(idle_fetch),
                   idle_repos.empty() ? NAN : Median(idle_repos));
+      const double idle_in = idle_inproc.empty() ? NAN : Median(idle_inproc);
       std::printf("%-26s server page faults per query: warm %.0f (%.1f MiB), after idle %.0f "
-                  "(%.1f MiB)\n",
+                  "(%.1f MiB); in-process after the same idle %.1f ms, gRPC after idle / that "
+                  "%.3f\n",
                   "", Median(warm_faults), Median(warm_faults) * 4096 / (1 << 20),
                   idle_faults.empty() ? NAN : Median(idle_faults),
-                  idle_faults.empty() ? NAN : Median(idle_faults) * 4096 / (1 << 20));
+                  idle_faults.empty() ? NAN : Median(idle_faults) * 4096 / (1 << 20), idle_in,
+                  idle_client.empty() ? NAN : Median(idle_client) / idle_in);
       std::fflush(stdout);
       if (m.method == v1::METHOD_INFOFLOW && !m.reorder) {
         std::printf("%-26s scoring pass = %.1f%% of TTFT\n", "", 100.0 * Median(stages[2]) / med);
@@ -632,7 +647,8 @@ int Main(int argc, char** argv) {
       for (int i = 0; i < 8; ++i) sum_csv << "," << Median(stages[i]);
       sum_csv << "," << recomputed << "," << Median(inproc) << "," << overhead << ","
               << (idle_client.empty() ? NAN : Median(idle_client)) << "," << idle_overhead
-              << "\n";
+              << "," << idle_in << "," << Median(warm_faults) << ","
+              << (idle_faults.empty() ? NAN : Median(idle_faults)) << "\n";
     }
   }
   if (ttft_section) WriteSvg(out_dir + "/ttft.svg", contexts, methods, ttft_median);
