@@ -20,6 +20,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "cache_store/background_priority.h"
 #include "cache_store/ram_tier.h"
 #include "cache_store/record_queue.h"
 #include "cache_store/remote_writer.h"
@@ -701,6 +702,7 @@ void ChunkStore::Impl::QueueLocalFill(const ChunkKey& key,
 }
 
 void ChunkStore::Impl::RunLocalFills() {
+  LowerThisThreadPriority();
   while (true) {
     bool stopping;
     {

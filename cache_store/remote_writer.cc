@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cache_store/background_priority.h"
 
 namespace infoflow::store {
 namespace {
@@ -95,6 +96,7 @@ std::vector<UnwrittenRecord> RemoteWriter::Drain(std::chrono::milliseconds timeo
 }
 
 void RemoteWriter::Run() {
+  LowerThisThreadPriority();
   Clock::time_point retry_at = Clock::time_point::min();
   while (true) {
     {

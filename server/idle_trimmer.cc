@@ -9,10 +9,12 @@
 namespace infoflow::server {
 
 IdleTrimmer::IdleTrimmer(std::function<bool()> idle, std::function<uint64_t()> activity,
-                         std::chrono::milliseconds period, std::function<void()> before_trim)
+                         std::chrono::milliseconds period, std::function<void()> before_trim,
+                         std::function<bool()> worth_trimming)
     : idle_(std::move(idle)),
       activity_(std::move(activity)),
       before_trim_(std::move(before_trim)),
+      worth_trimming_(std::move(worth_trimming)),
       period_(period),
       thread_([this] { Loop(); }) {}
 
@@ -36,12 +38,21 @@ void IdleTrimmer::Loop() {
     seen = now;
     if (!quiet || trimmed_this_spell) continue;
     trimmed_this_spell = true;
+    if (worth_trimming_ && !worth_trimming_()) continue;
     if (before_trim_) before_trim_();
 #if defined(__GLIBC__)
     malloc_trim(0);
     trims_.fetch_add(1, std::memory_order_relaxed);
 #endif
   }
+}
+
+uint64_t IdleTrimmer::HeapFreeBytes() {
+#if defined(__GLIBC__)
+  return mallinfo2().fordblks;
+#else
+  return 0;
+#endif
 }
 
 }  // namespace infoflow::server

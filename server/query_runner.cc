@@ -119,6 +119,18 @@ absl::Status QueryRunner::Prepare(QuerySpec* spec) const {
   return absl::OkStatus();
 }
 
+void SetPlanOutcome(const RecomputePlan& plan, QueryOutcome* out) {
+  const StageTimings& t = plan.timings;
+  out->reposition_ms = t.reposition_ms;
+  out->score_ms = t.score_ms;
+  out->select_ms = t.select_ms;
+  out->reorder_ms = t.reorder_ms;
+  out->recompute_ms = t.recompute_ms;
+  out->context_tokens = plan.context_tokens;
+  out->recomputed_tokens = static_cast<int64_t>(plan.selected.size());
+  out->chunk_order = plan.chunk_order;
+}
+
 void MarkFirstToken(PrefilledQuery* q) {
   q->outcome.ttft_ms = MsSince(q->start);
   q->outcome.first_token_ms = MsSince(q->prompt_done);
@@ -242,16 +254,8 @@ absl::StatusOr<std::unique_ptr<PrefilledQuery>> QueryRunner::Prefill(
   q->prompt_done = std::chrono::steady_clock::now();
   q->next_position = ctx->next_position + static_cast<int64_t>(input.prompt_ids.size());
   q->cache = std::make_unique<KvCache>(std::move(ctx->cache));
-  const StageTimings& t = ctx->plan.timings;
-  out.reposition_ms = t.reposition_ms;
-  out.score_ms = t.score_ms;
-  out.select_ms = t.select_ms;
-  out.reorder_ms = t.reorder_ms;
-  out.recompute_ms = t.recompute_ms;
+  SetPlanOutcome(ctx->plan, &out);
   out.prompt_ms = MsSince(prompt_t0);
-  out.context_tokens = ctx->plan.context_tokens;
-  out.recomputed_tokens = static_cast<int64_t>(ctx->plan.selected.size());
-  out.chunk_order = ctx->plan.chunk_order;
   return q;
 }
 

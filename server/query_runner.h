@@ -88,6 +88,11 @@ struct QueryOutcome {
   std::string prefix_key;      // its record's key; "" without a text prefix
 };
 
+// Copies what the engine's plan says into `out`: the blend stages' times
+// (reposition, score, select, reorder, recompute), the context length, the
+// recomputed token count and the chunk order.
+void SetPlanOutcome(const RecomputePlan& plan, QueryOutcome* out);
+
 // Receives each generated token; return false to cancel.
 using TokenSink = std::function<bool(int32_t id, std::string_view text)>;
 

@@ -212,9 +212,13 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
     // Idle: the heap gives every free page back; the pool's blocks (at most
     // --pool-retain-mb) stay resident, so the next query does not fault its
     // buffers in again (docs/DESIGN.md §15).
+    // Only when enough of the heap is free to be worth it: the next query
+    // would fault a small trimmed heap in again for nothing.
+    const uint64_t min_free = static_cast<uint64_t>(options.idle_trim_min_free_mb) << 20;
     s->trimmer = std::make_unique<IdleTrimmer>(
         [sched] { return sched->idle(); }, [sched] { return sched->admitted(); },
-        std::chrono::milliseconds(options.idle_trim_ms));
+        std::chrono::milliseconds(options.idle_trim_ms), nullptr,
+        [min_free] { return IdleTrimmer::HeapFreeBytes() >= min_free; });
   }
   if (options.pool_idle_release_s > 0 && pool != nullptr) {
     // A long idle spell: the pool returns its cached blocks too.

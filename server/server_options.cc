@@ -63,6 +63,9 @@ const char kServerUsage[] =
     "  --idle-trim-ms N        return freed memory to the OS once the server has been idle\n"
     "                          for N ms (default 1000; 0 = never); the engine's buffer pool\n"
     "                          (--pool-retain-mb) stays resident\n"
+    "  --idle-trim-min-free-mb N  the idle trim runs only when at least N MiB of the heap\n"
+    "                          are free (default 64; 0 = always): below that the free heap is\n"
+    "                          the small-object working set of the next query\n"
     "  --pool-retain-mb N      freed query buffers (K/V, activations) kept resident for the\n"
     "                          next query, at most N MiB (default 2048; 0 = none, every\n"
     "                          query maps and faults its buffers afresh)\n"
@@ -171,6 +174,7 @@ absl::Status Apply(ServerOptions* o, const std::string& name, const std::string&
   else if (name == "kv-codec") o->kv_codec = value;  // checked with the group size below
   else if (name == "kv-group-size") return num(&o->kv_group_size, 1);
   else if (name == "idle-trim-ms") return num(&o->idle_trim_ms, 0);
+  else if (name == "idle-trim-min-free-mb") return num(&o->idle_trim_min_free_mb, 0);
   else if (name == "pool-retain-mb") {
     // At most 1 TiB: the byte count (MiB << 20) must fit size_t.
     if (absl::Status st = num(&o->pool_retain_mb, 0); !st.ok()) return st;

@@ -28,29 +28,29 @@ class GroupStore {
   // serves until the object is destroyed. serve = false: connects to the
   // store at host:port, retrying until `timeout` passes. `timeout` also
   // bounds every later operation.
-  static absl::StatusOr<std::unique_ptr<GroupStore>> Open(const std::string &host, int port,
+  static absl::StatusOr<std::unique_ptr<GroupStore>> Open(const std::string& host, int port,
                                                           bool serve,
                                                           std::chrono::milliseconds timeout);
   ~GroupStore();
-  GroupStore(const GroupStore &) = delete;
-  GroupStore &operator=(const GroupStore &) = delete;
+  GroupStore(const GroupStore&) = delete;
+  GroupStore& operator=(const GroupStore&) = delete;
 
-  const std::string &host() const { return host_; }
+  const std::string& host() const { return host_; }
   int port() const { return port_; }
 
-  absl::Status Set(const std::string &key, const std::string &value);
+  absl::Status Set(const std::string& key, const std::string& value);
   // The value, or nullopt when the key is not set. Never blocks on a
   // missing key.
-  absl::StatusOr<std::optional<std::string>> Get(const std::string &key);
+  absl::StatusOr<std::optional<std::string>> Get(const std::string& key);
   // Adds `delta` to the counter `key` (0 when unset) and returns the sum.
-  absl::StatusOr<int64_t> Add(const std::string &key, int64_t delta);
-  absl::StatusOr<bool> Contains(const std::string &key);
-  absl::Status Delete(const std::string &key);
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta);
+  absl::StatusOr<bool> Contains(const std::string& key);
+  absl::Status Delete(const std::string& key);
 
  private:
   struct Impl;
   GroupStore(std::unique_ptr<Impl> impl, std::string host, int port);
-  absl::Status Failed(const char *what, const std::string &key, const std::exception &e) const;
+  absl::Status Failed(const char* what, const std::string& key, const std::exception& e) const;
 
   std::unique_ptr<Impl> impl_;
   std::string host_;

@@ -178,15 +178,9 @@ struct Shard {
 
 absl::Status Validate(const Model& model, const ShardedQueryInput& input,
                       const MethodOptions& options, const ShardLayout& layout, int rank) {
-  switch (options.method) {
-    case Method::kFull:
-    case Method::kNone:
-    case Method::kInfoFlow:
-    case Method::kInfoFlowBlend:
-      break;
-    default:
-      return absl::UnimplementedError(absl::StrCat("method ", MethodName(options.method),
-                                                   " is not supported with sequence parallelism"));
+  if (!ShardedMethodSupported(options.method)) {
+    return absl::UnimplementedError(absl::StrCat("method ", MethodName(options.method),
+                                                 " is not supported with sequence parallelism"));
   }
   if (options.reorder) {
     return absl::InvalidArgumentError("reorder is not supported with sequence parallelism");
@@ -246,6 +240,11 @@ int64_t QueryDigest(const ShardedQueryInput& in, const MethodOptions& o, const D
 }
 
 }  // namespace
+
+bool ShardedMethodSupported(Method m) {
+  return m == Method::kFull || m == Method::kNone || m == Method::kInfoFlow ||
+         m == Method::kInfoFlowBlend;
+}
 
 ShardLayout SplitChunks(const std::vector<int64_t>& chunk_lengths, int64_t n_prefix,
                         int world_size) {

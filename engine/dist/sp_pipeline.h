@@ -74,6 +74,10 @@ struct ShardedQueryResult {
   int64_t kv_bytes = 0;     // this rank's context cache before the gather
 };
 
+// The methods a group runs: FULL (as ring attention), NONE, INFOFLOW and
+// INFOFLOW_BLEND.
+bool ShardedMethodSupported(Method m);
+
 // Runs the query on this rank; every rank of `group` must call it with the
 // same method, options and metadata. Methods: FULL, NONE, INFOFLOW,
 // INFOFLOW_BLEND (others: Unimplemented). UNAVAILABLE naming the rank when a

@@ -10,12 +10,12 @@ namespace {
 using nlohmann::json;
 
 template <typename T>
-absl::Status Read(const json &j, const char *field, T *out) {
+absl::Status Read(const json& j, const char* field, T* out) {
   auto it = j.find(field);
   if (it == j.end()) return absl::InvalidArgumentError(absl::StrCat("group command: no ", field));
   try {
     *out = it->get<T>();
-  } catch (const json::exception &e) {
+  } catch (const json::exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("group command: ", field, " has the wrong type: ", e.what()));
   }
@@ -24,8 +24,8 @@ absl::Status Read(const json &j, const char *field, T *out) {
 
 }  // namespace
 
-std::string EncodeGroupCommand(const GroupCommand &c) {
-  const MethodOptions &o = c.options;
+std::string EncodeGroupCommand(const GroupCommand& c) {
+  const MethodOptions& o = c.options;
   json j = {
       {"seq", c.seq},
       {"method", static_cast<int>(o.method)},
@@ -50,16 +50,29 @@ std::string EncodeGroupCommand(const GroupCommand &c) {
   return j.dump();
 }
 
+ShardedQueryInput ShardedInputFor(const GroupCommand& c,
+                                  std::vector<std::shared_ptr<const ChunkKv>> local) {
+  ShardedQueryInput in;
+  in.prefix_ids = c.prefix_ids;
+  in.chunk_lengths = c.chunk_lengths;
+  in.local_chunks = std::move(local);
+  in.chunk_prefix_mode = c.chunk_prefix_mode;
+  in.first_chunk_lossy = c.first_chunk_lossy;
+  in.question_ids = c.question_ids;
+  in.prompt_ids = c.prompt_ids;
+  return in;
+}
+
 absl::StatusOr<GroupCommand> DecodeGroupCommand(std::string_view text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError("group command: not a JSON object");
   }
   GroupCommand c;
-  MethodOptions &o = c.options;
+  MethodOptions& o = c.options;
   int method = 0, variant = 0, deviation = 0, mode = 0;
   absl::Status s;
-  auto read = [&](const char *f, auto *out) {
+  auto read = [&](const char* f, auto* out) {
     if (s.ok()) s = Read(j, f, out);
   };
   read("seq", &c.seq);

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "engine/blend/method.h"
 #include "engine/chunk/chunk_prefill.h"
+#include "engine/dist/sp_pipeline.h"
 
 namespace infoflow::server {
 
@@ -34,7 +35,12 @@ struct GroupCommand {
   std::vector<std::string> chunk_keys;  // 64 hex digits each, request order
 };
 
-std::string EncodeGroupCommand(const GroupCommand &c);
+std::string EncodeGroupCommand(const GroupCommand& c);
+
+// The engine's input on one rank: the command's ids and lengths and the
+// rank's own chunks (ShareChunks). Rank 0 adds the prefix's KV.
+ShardedQueryInput ShardedInputFor(const GroupCommand& c,
+                                  std::vector<std::shared_ptr<const ChunkKv>> local);
 // InvalidArgument naming the field that is missing or malformed.
 absl::StatusOr<GroupCommand> DecodeGroupCommand(std::string_view json);
 

@@ -4,7 +4,10 @@
 #define INFOFLOW_SERVER_GROUP_GROUP_CONFIG_H_
 
 #include <chrono>
+#include <cstdint>
 #include <string>
+
+#include "engine/dist/sp_group.h"
 
 namespace infoflow::server {
 
@@ -37,6 +40,23 @@ inline std::string Command(int64_t gen, int64_t seq) {
 }
 inline std::string Heartbeat(int rank) { return "hb/" + std::to_string(rank); }
 }  // namespace group_keys
+
+// The Gloo/NCCL group of generation `gen` for this rank: built on rank 0's
+// control store (already serving) under the generation's own key prefix.
+inline GroupOptions GroupOptionsFor(const GroupConfig& c, int64_t gen) {
+  GroupOptions o;
+  o.host = c.host;
+  o.port = c.port;
+  o.rank = c.rank;
+  o.world_size = c.world_size;
+  o.timeout = c.timeout;
+  o.use_existing_store = true;
+  o.key_prefix = group_keys::GroupPrefix(gen);
+  o.interface = c.interface;
+  o.backend = c.backend;
+  o.device = c.device;
+  return o;
+}
 
 }  // namespace infoflow::server
 

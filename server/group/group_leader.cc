@@ -25,8 +25,8 @@ constexpr std::chrono::seconds kWaitingLogPeriod{10};
 
 }  // namespace
 
-GroupLeader::GroupLeader(const GroupConfig &config, const Model *model, const Tokenizer *tokenizer,
-                         store::ChunkStore *store, std::unique_ptr<GroupStore> control)
+GroupLeader::GroupLeader(const GroupConfig& config, const Model* model, const Tokenizer* tokenizer,
+                         store::ChunkStore* store, std::unique_ptr<GroupStore> control)
     : config_(config),
       model_(model),
       tokenizer_(tokenizer),
@@ -37,10 +37,10 @@ GroupLeader::GroupLeader(const GroupConfig &config, const Model *model, const To
   for (int r = 1; r < config_.world_size; ++r) missing_.push_back(r);
 }
 
-absl::StatusOr<std::unique_ptr<GroupLeader>> GroupLeader::Start(const GroupConfig &config,
-                                                                const Model *model,
-                                                                const Tokenizer *tokenizer,
-                                                                store::ChunkStore *store) {
+absl::StatusOr<std::unique_ptr<GroupLeader>> GroupLeader::Start(const GroupConfig& config,
+                                                                const Model* model,
+                                                                const Tokenizer* tokenizer,
+                                                                store::ChunkStore* store) {
   if (config.world_size < 2 || config.rank != 0) {
     return absl::InvalidArgumentError("GroupLeader: rank 0 of a group of 2 or more");
   }
@@ -107,7 +107,7 @@ std::string GroupLeader::WaitingFor() const {
                       generation_, ")");
 }
 
-void GroupLeader::BreakLocked(const std::string &why) {
+void GroupLeader::BreakLocked(const std::string& why) {
   std::fprintf(stderr, "event=group_broken generation=%lld reason=\"%s\"\n",
                static_cast<long long>(generation_), why.c_str());
   // Peers may be dead: no teardown (it could block on them); the next
@@ -148,17 +148,7 @@ void GroupLeader::Form(int64_t gen) {
     cv_.wait_for(l, kMonitorPeriod, [&] { return stop_; });
   }
   (void)control_->Set(group_keys::Go(gen), "1");
-  GroupOptions o;
-  o.host = config_.host;
-  o.port = config_.port;
-  o.rank = 0;
-  o.world_size = config_.world_size;
-  o.timeout = config_.timeout;
-  o.use_existing_store = true;
-  o.key_prefix = group_keys::GroupPrefix(gen);
-  o.interface = config_.interface;
-  o.backend = config_.backend;
-  o.device = config_.device;
+  const GroupOptions o = GroupOptionsFor(config_, gen);
   const Clock::time_point t0 = Clock::now();
   absl::StatusOr<std::unique_ptr<SequenceParallelGroup>> g = SequenceParallelGroup::Join(o);
   std::vector<int64_t> beats(config_.world_size, -1);
@@ -219,27 +209,21 @@ void GroupLeader::Monitor() {
   }
 }
 
-absl::StatusOr<QueryOutcome> GroupLeader::RunQuery(const QueryRunner &runner, const QuerySpec &spec,
-                                                   const TokenSink &sink) {
+absl::StatusOr<QueryOutcome> GroupLeader::RunQuery(const QueryRunner& runner, const QuerySpec& spec,
+                                                   const TokenSink& sink) {
   const Clock::time_point start = Clock::now();
-  switch (spec.method) {
-    case Method::kFull:
-    case Method::kNone:
-    case Method::kInfoFlow:
-    case Method::kInfoFlowBlend:
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("method: ", MethodName(spec.method),
-                       " does not run on a sequence-parallel group (--world-size ",
-                       config_.world_size, "); use FULL, NONE, INFOFLOW or INFOFLOW_BLEND"));
+  if (!ShardedMethodSupported(spec.method)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("method: ", MethodName(spec.method),
+                     " does not run on a sequence-parallel group (--world-size ",
+                     config_.world_size, "); use FULL, NONE, INFOFLOW or INFOFLOW_BLEND"));
   }
   if (spec.reorder) {
     return absl::InvalidArgumentError(
         "reorder: not supported on a sequence-parallel group (--world-size > "
         "1)");
   }
-  SequenceParallelGroup *group = nullptr;
+  SequenceParallelGroup* group = nullptr;
   int64_t gen = 0;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -270,7 +254,7 @@ absl::StatusOr<QueryOutcome> GroupLeader::RunQuery(const QueryRunner &runner, co
     cmd.prefix_ids = input->prefix_ids;
     cmd.question_ids = input->question_ids;
     cmd.prompt_ids = input->prompt_ids;
-    for (const auto &c : input->chunks) cmd.chunk_lengths.push_back(c->size());
+    for (const auto& c : input->chunks) cmd.chunk_lengths.push_back(c->size());
     cmd.chunk_keys = out.chunk_keys;
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -282,8 +266,8 @@ absl::StatusOr<QueryOutcome> GroupLeader::RunQuery(const QueryRunner &runner, co
     // Gone once the query ends, however it ends: a rank that was stopped
     // and continues later must not start a query the others have left.
     struct DeleteAtEnd {
-      GroupStore *store;
-      const std::string &key;
+      GroupStore* store;
+      const std::string& key;
       ~DeleteAtEnd() { (void)store->Delete(key); }
     } delete_at_end{control_.get(), key};
     const ShardLayout layout = SplitChunks(
@@ -291,15 +275,8 @@ absl::StatusOr<QueryOutcome> GroupLeader::RunQuery(const QueryRunner &runner, co
     absl::StatusOr<SharedShard> shard = ShareChunks(group, *model_, store_, layout, cmd.chunk_keys,
                                                     cmd.chunk_prefix_mode, &input->chunks);
     if (!shard.ok()) return shard.status();
-    ShardedQueryInput sq;
-    sq.prefix_ids = input->prefix_ids;
+    ShardedQueryInput sq = ShardedInputFor(cmd, shard->local);
     sq.prefix_kv = input->prefix_kv;
-    sq.chunk_lengths = cmd.chunk_lengths;
-    sq.local_chunks = shard->local;
-    sq.chunk_prefix_mode = cmd.chunk_prefix_mode;
-    sq.first_chunk_lossy = cmd.first_chunk_lossy;
-    sq.question_ids = input->question_ids;
-    sq.prompt_ids = input->prompt_ids;
     input->chunks.clear();  // the other ranks' shares are not held from here on
     out.fetch_ms = MsSince(start);
     bool first = true;
@@ -312,18 +289,11 @@ absl::StatusOr<QueryOutcome> GroupLeader::RunQuery(const QueryRunner &runner, co
           return sink(id, text);
         });
     if (!run.ok()) return run.status();
-    const StageTimings &t = run->plan.timings;
-    out.reposition_ms = t.reposition_ms;
-    out.score_ms = t.score_ms;
-    out.select_ms = t.select_ms;
-    out.recompute_ms = t.recompute_ms;
-    out.prompt_ms = t.prompt_ms;
-    out.first_token_ms = t.first_token_ms;
-    out.decode_ms = t.decode_ms;
-    out.context_tokens = run->plan.context_tokens;
-    out.recomputed_tokens = static_cast<int64_t>(run->plan.selected.size());
-    out.chunk_order = run->plan.chunk_order;
-    const DecodeResult &d = run->decode;
+    SetPlanOutcome(run->plan, &out);
+    out.prompt_ms = run->plan.timings.prompt_ms;
+    out.first_token_ms = run->plan.timings.first_token_ms;
+    out.decode_ms = run->plan.timings.decode_ms;
+    const DecodeResult& d = run->decode;
     if (first) out.ttft_ms = MsSince(start);  // nothing generated
     out.stop_reason = StopReasonName(d.stop_reason);
     out.cancelled = d.stop_reason == StopReason::kCancelled;
@@ -341,7 +311,7 @@ absl::StatusOr<QueryOutcome> GroupLeader::RunQuery(const QueryRunner &runner, co
   absl::StatusOr<QueryOutcome> result;
   try {
     result = run();
-  } catch (const std::exception &e) {
+  } catch (const std::exception& e) {
     out_of_step = published;
     result = absl::InternalError(absl::StrCat("engine error: ", e.what()));
   }

@@ -51,13 +51,13 @@ class GroupLeader {
   // the group in the background. Pointers must outlive the leader.
   // `on_serving(true|false)` is called (from any thread) whenever the group
   // becomes complete or breaks; use SetServingCallback.
-  static absl::StatusOr<std::unique_ptr<GroupLeader>> Start(const GroupConfig &config,
-                                                            const Model *model,
-                                                            const Tokenizer *tokenizer,
-                                                            store::ChunkStore *store);
+  static absl::StatusOr<std::unique_ptr<GroupLeader>> Start(const GroupConfig& config,
+                                                            const Model* model,
+                                                            const Tokenizer* tokenizer,
+                                                            store::ChunkStore* store);
   ~GroupLeader();
-  GroupLeader(const GroupLeader &) = delete;
-  GroupLeader &operator=(const GroupLeader &) = delete;
+  GroupLeader(const GroupLeader&) = delete;
+  GroupLeader& operator=(const GroupLeader&) = delete;
 
   // Calls `cb(ready())` at once, then on every change.
   void SetServingCallback(std::function<void(bool serving)> cb);
@@ -72,8 +72,8 @@ class GroupLeader {
   // method or option the group cannot run (naming `method` / `reorder`),
   // UNAVAILABLE while the group is incomplete. UNAVAILABLE naming the rank
   // when one fails mid-query.
-  absl::StatusOr<QueryOutcome> RunQuery(const QueryRunner &runner, const QuerySpec &spec,
-                                        const TokenSink &sink);
+  absl::StatusOr<QueryOutcome> RunQuery(const QueryRunner& runner, const QuerySpec& spec,
+                                        const TokenSink& sink);
 
   // Queries run over the group and failures seen, since start.
   uint64_t queries() const { return queries_.load(); }
@@ -81,19 +81,19 @@ class GroupLeader {
   int64_t generation() const;
 
  private:
-  GroupLeader(const GroupConfig &config, const Model *model, const Tokenizer *tokenizer,
-              store::ChunkStore *store, std::unique_ptr<GroupStore> control);
+  GroupLeader(const GroupConfig& config, const Model* model, const Tokenizer* tokenizer,
+              store::ChunkStore* store, std::unique_ptr<GroupStore> control);
   void Monitor();
   // Starts the next generation (the current group is dropped). mu_ held.
-  void BreakLocked(const std::string &why);
+  void BreakLocked(const std::string& why);
   void NotifyLocked();
   // Forms generation `gen`: waits for every ready mark, says go, joins.
   void Form(int64_t gen);
 
   const GroupConfig config_;
-  const Model *model_;
-  const Tokenizer *tokenizer_;
-  store::ChunkStore *store_;
+  const Model* model_;
+  const Tokenizer* tokenizer_;
+  store::ChunkStore* store_;
   std::unique_ptr<GroupStore> control_;
 
   mutable std::mutex mu_;

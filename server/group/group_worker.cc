@@ -28,8 +28,8 @@ constexpr std::chrono::seconds kWaitingLogPeriod{10};
 
 }  // namespace
 
-GroupWorker::GroupWorker(const GroupConfig &config, const Model *model, const Tokenizer *tokenizer,
-                         store::ChunkStore *store, std::function<void(bool)> on_serving)
+GroupWorker::GroupWorker(const GroupConfig& config, const Model* model, const Tokenizer* tokenizer,
+                         store::ChunkStore* store, std::function<void(bool)> on_serving)
     : config_(config),
       model_(model),
       tokenizer_(tokenizer),
@@ -119,7 +119,7 @@ void GroupWorker::Run() {
   }
 }
 
-absl::Status GroupWorker::Serve(GroupStore *control) {
+absl::Status GroupWorker::Serve(GroupStore* control) {
   int64_t done_gen = 0;  // generations at or below this are over for us
   while (true) {
     absl::StatusOr<std::optional<std::string>> g = control->Get(group_keys::Generation());
@@ -144,17 +144,8 @@ absl::Status GroupWorker::Serve(GroupStore *control) {
       if (!Sleep(std::chrono::milliseconds(20))) return absl::OkStatus();
     }
     if (!go) continue;
-    GroupOptions o;
-    o.host = config_.host;
-    o.port = config_.port;
-    o.rank = config_.rank;
-    o.world_size = config_.world_size;
-    o.timeout = config_.timeout;
-    o.use_existing_store = true;
-    o.key_prefix = group_keys::GroupPrefix(gen);
-    o.interface = config_.interface;
-  o.backend = config_.backend;
-  o.device = config_.device;
+
+    const GroupOptions o = GroupOptionsFor(config_, gen);
     absl::StatusOr<std::unique_ptr<SequenceParallelGroup>> joined = SequenceParallelGroup::Join(o);
     done_gen = gen;
     if (!joined.ok()) {
@@ -225,7 +216,7 @@ absl::Status GroupWorker::Serve(GroupStore *control) {
   }
 }
 
-absl::Status GroupWorker::RunCommand(SequenceParallelGroup *group, const GroupCommand &cmd) {
+absl::Status GroupWorker::RunCommand(SequenceParallelGroup* group, const GroupCommand& cmd) {
   const Clock::time_point t0 = Clock::now();
   absl::Status status;
   SharedShard shard;
@@ -238,21 +229,14 @@ absl::Status GroupWorker::RunCommand(SequenceParallelGroup *group, const GroupCo
       status = got.status();
     } else {
       shard = *std::move(got);
-      ShardedQueryInput in;
-      in.prefix_ids = cmd.prefix_ids;
-      in.chunk_lengths = cmd.chunk_lengths;
-      in.local_chunks = shard.local;
-      in.chunk_prefix_mode = cmd.chunk_prefix_mode;
-      in.first_chunk_lossy = cmd.first_chunk_lossy;
-      in.question_ids = cmd.question_ids;
-      in.prompt_ids = cmd.prompt_ids;
+      const ShardedQueryInput in = ShardedInputFor(cmd, shard.local);
       DecodeOptions decode;
       decode.max_new_tokens = cmd.max_new_tokens;
       absl::StatusOr<ShardedQueryResult> r =
           RunShardedQuery(*model_, group, in, cmd.options, decode, tokenizer_, nullptr);
       status = r.status();
     }
-  } catch (const std::exception &e) {
+  } catch (const std::exception& e) {
     // An engine error leaves this rank out of step: drop the generation.
     status = absl::InternalError(absl::StrCat("rank ", config_.rank, ": engine error: ", e.what()));
     std::fprintf(stderr, "event=group_engine_error rank=%d reason=\"%s\"\n", config_.rank,

@@ -39,11 +39,11 @@ namespace infoflow::server {
 class GroupWorker {
  public:
   // Starts the worker's thread. Pointers must outlive the worker.
-  GroupWorker(const GroupConfig &config, const Model *model, const Tokenizer *tokenizer,
-              store::ChunkStore *store, std::function<void(bool serving)> on_serving);
+  GroupWorker(const GroupConfig& config, const Model* model, const Tokenizer* tokenizer,
+              store::ChunkStore* store, std::function<void(bool serving)> on_serving);
   ~GroupWorker();  // Stop()
-  GroupWorker(const GroupWorker &) = delete;
-  GroupWorker &operator=(const GroupWorker &) = delete;
+  GroupWorker(const GroupWorker&) = delete;
+  GroupWorker& operator=(const GroupWorker&) = delete;
 
   void Stop();
   bool serving() const { return serving_.load(); }
@@ -53,16 +53,16 @@ class GroupWorker {
   void Run();
   // One connection to rank 0's store: join, serve, rejoin. Returns when the
   // store fails (rank 0 gone) or Stop().
-  absl::Status Serve(GroupStore *control);
-  absl::Status RunCommand(SequenceParallelGroup *group, const GroupCommand &cmd);
+  absl::Status Serve(GroupStore* control);
+  absl::Status RunCommand(SequenceParallelGroup* group, const GroupCommand& cmd);
   void Heartbeats();
   void SetServing(bool s);
   bool Sleep(std::chrono::milliseconds d);  // false when stopping
 
   const GroupConfig config_;
-  const Model *model_;
-  const Tokenizer *tokenizer_;
-  store::ChunkStore *store_;
+  const Model* model_;
+  const Tokenizer* tokenizer_;
+  store::ChunkStore* store_;
   std::function<void(bool)> on_serving_;
 
   std::mutex mu_;

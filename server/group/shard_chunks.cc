@@ -14,9 +14,9 @@ namespace {
 
 // The chunk's KV from `value` (a verified record of this model and mode), or
 // null when it is of another model or prefix mode.
-std::shared_ptr<const ChunkKv> Decode(const Model &model,
-                                      const std::shared_ptr<const store::ChunkValue> &value,
-                                      PrefixMode mode, const std::string &key_hex) {
+std::shared_ptr<const ChunkKv> Decode(const Model& model,
+                                      const std::shared_ptr<const store::ChunkValue>& value,
+                                      PrefixMode mode, const std::string& key_hex) {
   absl::StatusOr<std::shared_ptr<const ChunkKv>> kv =
       DecodeChunkRecord(model, value->record(), mode, value);
   if (!kv.ok()) {
@@ -29,10 +29,10 @@ std::shared_ptr<const ChunkKv> Decode(const Model &model,
 
 }  // namespace
 
-absl::StatusOr<SharedShard> ShareChunks(SequenceParallelGroup *group, const Model &model,
-                                        store::ChunkStore *store, const ShardLayout &layout,
-                                        const std::vector<std::string> &keys_hex, PrefixMode mode,
-                                        const std::vector<std::shared_ptr<const ChunkKv>> *all) {
+absl::StatusOr<SharedShard> ShareChunks(SequenceParallelGroup* group, const Model& model,
+                                        store::ChunkStore* store, const ShardLayout& layout,
+                                        const std::vector<std::string>& keys_hex, PrefixMode mode,
+                                        const std::vector<std::shared_ptr<const ChunkKv>>* all) {
   const int me = group->rank(), n = group->world_size();
   const int begin = layout.chunk_begin[me], end = layout.chunk_end[me];
   const int n_chunks = static_cast<int>(keys_hex.size());
@@ -72,7 +72,7 @@ absl::StatusOr<SharedShard> ShareChunks(SequenceParallelGroup *group, const Mode
   std::vector<int> owner(n_chunks, -1);
   bool any = false;
   for (int r = 0; r < n; ++r) {
-    const int8_t *m = (*lacks)[r].data_ptr<int8_t>();
+    const int8_t* m = (*lacks)[r].data_ptr<int8_t>();
     for (int j = 0; j < rows[r]; ++j) {
       if (m[j] != 0) {
         owner[layout.chunk_begin[r] + j] = r;
@@ -97,7 +97,7 @@ absl::StatusOr<SharedShard> ShareChunks(SequenceParallelGroup *group, const Mode
                      owner[i]);
         continue;
       }
-      const std::string &bytes = got->value->bytes();
+      const std::string& bytes = got->value->bytes();
       // A copy the exchange owns: a broken exchange may leave Gloo holding it.
       payload[i] = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
       std::memcpy(payload[i].data_ptr<uint8_t>(), bytes.data(), bytes.size());
@@ -109,7 +109,7 @@ absl::StatusOr<SharedShard> ShareChunks(SequenceParallelGroup *group, const Mode
 
   // 4. The records go point to point, rank 0 to each owner.
   std::vector<std::pair<int, at::Tensor>> sends(n_chunks), recvs(n_chunks);
-  const int64_t *sz = sizes.data_ptr<int64_t>();
+  const int64_t* sz = sizes.data_ptr<int64_t>();
   for (int i = 0; i < n_chunks; ++i) {
     if (owner[i] < 0 || sz[i] == 0) continue;
     if (me == 0) {
@@ -125,7 +125,7 @@ absl::StatusOr<SharedShard> ShareChunks(SequenceParallelGroup *group, const Mode
   // 5. The owner verifies each record like a disk read, keeps it, uses it.
   for (int i = begin; i < end; ++i) {
     if (owner[i] != me || sz[i] == 0) continue;
-    std::string bytes(reinterpret_cast<const char *>(payload[i].data_ptr<uint8_t>()),
+    std::string bytes(reinterpret_cast<const char*>(payload[i].data_ptr<uint8_t>()),
                       static_cast<size_t>(sz[i]));
     out.record_bytes_received += sz[i];
     absl::StatusOr<store::ChunkKey> key = store::ChunkKey::FromHex(keys_hex[i]);

@@ -43,10 +43,10 @@ struct SharedShard {
 // `all` (rank 0 only, null elsewhere): every chunk's KV in request order.
 // UNAVAILABLE naming the rank when an exchange fails; every local problem
 // is a null entry instead, so the ranks stay in step.
-absl::StatusOr<SharedShard> ShareChunks(SequenceParallelGroup *group, const Model &model,
-                                        store::ChunkStore *store, const ShardLayout &layout,
-                                        const std::vector<std::string> &keys_hex, PrefixMode mode,
-                                        const std::vector<std::shared_ptr<const ChunkKv>> *all);
+absl::StatusOr<SharedShard> ShareChunks(SequenceParallelGroup* group, const Model& model,
+                                        store::ChunkStore* store, const ShardLayout& layout,
+                                        const std::vector<std::string>& keys_hex, PrefixMode mode,
+                                        const std::vector<std::shared_ptr<const ChunkKv>>* all);
 
 }  // namespace server
 }  // namespace infoflow
