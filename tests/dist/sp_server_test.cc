@@ -26,11 +26,11 @@ struct Answer {
   v1::Report report;
 };
 
-absl::StatusOr<Answer> Ask(const ServerProcess &s, const v1::QueryRequest &req) {
+absl::StatusOr<Answer> Ask(const ServerProcess& s, const v1::QueryRequest& req) {
   client::Client c = MakeClient(s, 60000);
   Answer a;
   absl::StatusOr<v1::Report> r =
-      c.Query(req, [&](const v1::TokenEvent &t) { a.ids.push_back(t.id()); });
+      c.Query(req, [&](const v1::TokenEvent& t) { a.ids.push_back(t.id()); });
   if (!r.ok()) return r.status();
   a.report = *r;
   return a;
@@ -43,9 +43,9 @@ std::vector<std::string> Chunks(int n, uint32_t seed) {
   return out;
 }
 
-v1::QueryRequest Request(const std::vector<std::string> &texts, v1::Method method, double ratio) {
+v1::QueryRequest Request(const std::vector<std::string>& texts, v1::Method method, double ratio) {
   v1::QueryRequest req;
-  for (const std::string &t : texts) req.add_chunks()->set_text(t);
+  for (const std::string& t : texts) req.add_chunks()->set_text(t);
   req.set_question("Which street has the copper lamp and the silver candle?");
   req.set_method(method);
   if (ratio > 0) req.mutable_ratio()->set_value(ratio);
@@ -55,7 +55,7 @@ v1::QueryRequest Request(const std::vector<std::string> &texts, v1::Method metho
   return req;
 }
 
-bool WaitFor(const std::function<bool()> &cond, std::chrono::milliseconds limit) {
+bool WaitFor(const std::function<bool()>& cond, std::chrono::milliseconds limit) {
   const auto deadline = Clock::now() + limit;
   while (Clock::now() < deadline) {
     if (cond()) return true;
@@ -67,7 +67,7 @@ bool WaitFor(const std::function<bool()> &cond, std::chrono::milliseconds limit)
 // A group of `world` server processes (rank 0 picks its control port).
 class Group {
  public:
-  Group(const std::string &name, int world) : dir_(name), world_(world) {
+  Group(const std::string& name, int world) : dir_(name), world_(world) {
     for (int r = 0; r < world; ++r) ranks_.push_back(MakeRank(r, r == 0 ? 0 : -1));
   }
   // Starts rank r (rank 0 first: the others need its port).
@@ -90,7 +90,7 @@ class Group {
   bool WaitServing(std::chrono::milliseconds limit = std::chrono::milliseconds(30000)) {
     return WaitFor([&] { return ranks_[0]->Healthy(); }, limit);
   }
-  ServerProcess &rank(int r) { return *ranks_[r]; }
+  ServerProcess& rank(int r) { return *ranks_[r]; }
   int port() const { return port_; }
   // Rank 0 again on the same control port, with the same store.
   void RestartRank0() {
@@ -129,16 +129,16 @@ class SpServerTest : public ::testing::Test {
     delete reference_;
     delete reference_dir_;
   }
-  static TempDir *reference_dir_;
-  static ServerProcess *reference_;
+  static TempDir* reference_dir_;
+  static ServerProcess* reference_;
 };
-TempDir *SpServerTest::reference_dir_ = nullptr;
-ServerProcess *SpServerTest::reference_ = nullptr;
+TempDir* SpServerTest::reference_dir_ = nullptr;
+ServerProcess* SpServerTest::reference_ = nullptr;
 
 // Every method the group runs gives the single server's greedy answer and
 // recomputes as many tokens; the other ranks get the chunks they lack from
 // rank 0 once, then find them in their own store.
-void ExpectSameAnswers(ServerProcess &reference, Group &group, int world, uint32_t seed) {
+void ExpectSameAnswers(ServerProcess& reference, Group& group, int world, uint32_t seed) {
   const std::vector<std::string> texts = Chunks(6, seed);
   struct Case {
     v1::Method method;
@@ -150,7 +150,7 @@ void ExpectSameAnswers(ServerProcess &reference, Group &group, int world, uint32
                                    {v1::METHOD_INFOFLOW, 1.0},
                                    {v1::METHOD_INFOFLOW_BLEND, 0.15},
                                    {v1::METHOD_UNSPECIFIED, 0}};
-  for (const Case &c : cases) {
+  for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << "world " << world << " method "
                                       << v1::Method_Name(c.method) << " ratio " << c.ratio);
     const v1::QueryRequest req = Request(texts, c.method, c.ratio);
@@ -170,7 +170,7 @@ void ExpectSameAnswers(ServerProcess &reference, Group &group, int world, uint32
   absl::StatusOr<Answer> by_text = Ask(group.rank(0), Request(texts, v1::METHOD_INFOFLOW, 0.15));
   ASSERT_TRUE(by_text.ok());
   v1::QueryRequest by_key = Request({}, v1::METHOD_INFOFLOW, 0.15);
-  for (const std::string &k : by_text->report.chunk_keys()) by_key.add_chunks()->set_key(k);
+  for (const std::string& k : by_text->report.chunk_keys()) by_key.add_chunks()->set_key(k);
   absl::StatusOr<Answer> got = Ask(group.rank(0), by_key);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->ids, by_text->ids);
