@@ -140,10 +140,14 @@ void FinishOutcome(PrefilledQuery* q, const DecodeResult& result) {
   QueryOutcome& out = q->outcome;
   if (result.ids.empty() && out.ttft_ms == 0) out.ttft_ms = MsSince(q->start);  // nothing generated
   out.decode_ms = MsSince(q->prompt_done);
-  out.stop_reason = StopReasonName(result.stop_reason);
-  out.cancelled = result.stop_reason == StopReason::kCancelled;
-  out.generated_tokens = static_cast<int64_t>(result.ids.size());
-  out.text = result.text;
+  SetDecodeOutcome(result, &out);
+}
+
+void SetDecodeOutcome(const DecodeResult& result, QueryOutcome* out) {
+  out->stop_reason = StopReasonName(result.stop_reason);
+  out->cancelled = result.stop_reason == StopReason::kCancelled;
+  out->generated_tokens = static_cast<int64_t>(result.ids.size());
+  out->text = result.text;
 }
 
 absl::StatusOr<QueryInput> QueryRunner::ResolveInput(const QuerySpec& spec,

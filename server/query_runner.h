@@ -93,6 +93,10 @@ struct QueryOutcome {
 // recomputed token count and the chunk order.
 void SetPlanOutcome(const RecomputePlan& plan, QueryOutcome* out);
 
+// Copies how decoding ended into `out`: stop reason, cancelled, generated
+// token count and text.
+void SetDecodeOutcome(const DecodeResult& result, QueryOutcome* out);
+
 // Receives each generated token; return false to cancel.
 using TokenSink = std::function<bool(int32_t id, std::string_view text)>;
 

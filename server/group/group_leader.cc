@@ -99,9 +99,7 @@ int64_t GroupLeader::generation() const {
   return generation_;
 }
 
-std::string GroupLeader::WaitingFor() const {
-  std::lock_guard<std::mutex> l(mu_);
-  if (ready_) return "";
+std::string GroupLeader::WaitingForLocked() const {
   if (missing_.empty()) return absl::StrCat("forming generation ", generation_);
   return absl::StrCat("waiting for rank ", absl::StrJoin(missing_, ", "), " (generation ",
                       generation_, ")");
@@ -229,10 +227,7 @@ absl::StatusOr<QueryOutcome> GroupLeader::RunQuery(const QueryRunner& runner, co
     std::lock_guard<std::mutex> l(mu_);
     if (!ready_) {
       return absl::UnavailableError(absl::StrCat(
-          "sequence-parallel group incomplete: ",
-          missing_.empty() ? std::string("forming")
-                           : absl::StrCat("waiting for rank ", absl::StrJoin(missing_, ", ")),
-          " (generation ", generation_, "); retry later"));
+          "sequence-parallel group incomplete: ", WaitingForLocked(), "; retry later"));
     }
     in_flight_ = true;
     group = group_.get();
@@ -293,12 +288,8 @@ absl::StatusOr<QueryOutcome> GroupLeader::RunQuery(const QueryRunner& runner, co
     out.prompt_ms = run->plan.timings.prompt_ms;
     out.first_token_ms = run->plan.timings.first_token_ms;
     out.decode_ms = run->plan.timings.decode_ms;
-    const DecodeResult& d = run->decode;
     if (first) out.ttft_ms = MsSince(start);  // nothing generated
-    out.stop_reason = StopReasonName(d.stop_reason);
-    out.cancelled = d.stop_reason == StopReason::kCancelled;
-    out.generated_tokens = static_cast<int64_t>(d.ids.size());
-    out.text = d.text;
+    SetDecodeOutcome(run->decode, &out);
     std::fprintf(stderr,
                  "event=group_query generation=%lld seq=%lld "
                  "chunks_from_rank0_bytes=%lld "

@@ -63,8 +63,6 @@ class GroupLeader {
   void SetServingCallback(std::function<void(bool serving)> cb);
   bool ready() const;
   int port() const;  // the control store's bound port
-  // "" when complete, else what the group waits for ("waiting for rank 1, 2").
-  std::string WaitingFor() const;
 
   // The query over the group, as QueryRunner::Run over one process: the
   // same checks and chunk resolution (runner.ResolveInput), then the
@@ -87,6 +85,9 @@ class GroupLeader {
   // Starts the next generation (the current group is dropped). mu_ held.
   void BreakLocked(const std::string& why);
   void NotifyLocked();
+  // What an incomplete group waits for ("waiting for rank 1, 2 (generation
+  // 3)"). mu_ held.
+  std::string WaitingForLocked() const;
   // Forms generation `gen`: waits for every ready mark, says go, joins.
   void Form(int64_t gen);
 
