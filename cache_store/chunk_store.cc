@@ -399,6 +399,13 @@ absl::Status ChunkStore::Impl::Open() {
   db_opts.create_if_missing = options_.create_if_missing;
   db_opts.create_missing_column_families = true;
   db_opts.max_background_jobs = 2;
+  // Flushes and compactions at nice 19, like the store's own fill and
+  // write-behind threads (background_priority.h): a shared-tier hit queues
+  // tens of MB of local writes, whose flush must not take a query's cores.
+  // Process-wide (Env::Default's pools) and idempotent; best effort.
+  for (rocksdb::Env::Priority pool : {rocksdb::Env::Priority::LOW, rocksdb::Env::Priority::HIGH}) {
+    (void)rocksdb::Env::Default()->LowerThreadPoolCPUPriority(pool, rocksdb::CpuPriority::kLow);
+  }
   // Records are large; keep the WAL from growing without bound between
   // flushes of a write-heavy ingest.
   db_opts.max_total_wal_size = uint64_t{256} << 20;

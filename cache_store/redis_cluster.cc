@@ -5,6 +5,7 @@
 #include <sys/time.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <array>
@@ -285,10 +286,19 @@ absl::StatusOr<std::vector<std::string>> ParseRedisSeeds(std::string_view list) 
   return out;
 }
 
+// RedisClusterOptions::max_parallel_nodes resolved: 0 = no bound.
+static size_t ParallelNodesFor(int requested) {
+  return requested > 0 ? static_cast<size_t>(requested) : SIZE_MAX;
+}
+
 class RedisCluster::Impl {
  public:
   Impl(RedisClusterOptions options, RedisClusterCounters* counters)
-      : options_(std::move(options)), counters_(counters), slots_(kRedisClusterSlots) {}
+      : options_(std::move(options)),
+        counters_(counters),
+        parallel_nodes_(ParallelNodesFor(options_.max_parallel_nodes)),
+        pipeline_depth_(static_cast<size_t>(std::max(1, options_.max_pipeline_depth))),
+        slots_(kRedisClusterSlots) {}
 
   std::vector<absl::StatusOr<RedisReply>> Execute(absl::Span<const RedisCommand> commands);
   absl::Status Refresh(bool force);
@@ -337,6 +347,8 @@ class RedisCluster::Impl {
 
   const RedisClusterOptions options_;
   RedisClusterCounters* const counters_;
+  const size_t parallel_nodes_;  // options_.max_parallel_nodes resolved
+  const size_t pipeline_depth_;  // options_.max_pipeline_depth, at least 1
 
   mutable std::shared_mutex map_mu_;
   std::vector<std::string> slots_;    // master per slot, "" = unknown
@@ -441,27 +453,37 @@ std::vector<absl::StatusOr<RedisReply>> RedisCluster::Impl::Pipeline(
   static const size_t kAskingLen[] = {6};
   std::vector<const char*> argv;
   std::vector<size_t> lens;
-  for (size_t idx : items) {
-    if (routes[idx].asking) redisAppendCommandArgv(c, 1, kAsking, kAskingLen);
-    const RedisCommand& cmd = commands[idx];
-    argv.clear();
-    lens.clear();
-    for (std::string_view a : cmd.args) {
-      argv.push_back(a.data());
-      lens.push_back(a.size());
-    }
-    redisAppendCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data());
-  }
   absl::Status broken;
-  // Send the whole pipeline, then read every reply with RespReader.
-  for (int done = 0; !done;) {
-    if (redisBufferWrite(c, &done) != REDIS_OK) {
-      broken = ContextError(c, addr, "write");
-      break;
+  size_t sent = 0;  // items[0, sent) are written
+  // Appends items[sent, end) to the output buffer and writes it out.
+  auto send_until = [&](size_t end) {
+    for (; sent < end; ++sent) {
+      const size_t idx = items[sent];
+      if (routes[idx].asking) redisAppendCommandArgv(c, 1, kAsking, kAskingLen);
+      const RedisCommand& cmd = commands[idx];
+      argv.clear();
+      lens.clear();
+      for (std::string_view a : cmd.args) {
+        argv.push_back(a.data());
+        lens.push_back(a.size());
+      }
+      redisAppendCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data());
     }
-  }
+    for (int done = 0; !done;) {
+      if (redisBufferWrite(c, &done) != REDIS_OK) {
+        broken = ContextError(c, addr, "write");
+        return;
+      }
+    }
+  };
+  // RedisClusterOptions::max_pipeline_depth: the first command alone; after
+  // a small reply up to pipeline_depth_ in flight, after a large one only
+  // one, so the node never holds the replies of many large values at once.
+  size_t depth = 1;
+  send_until(std::min<size_t>(items.size(), 1));
   RespReader reader(c, addr);
-  for (size_t idx : items) {
+  for (size_t k = 0; k < items.size(); ++k) {
+    const size_t idx = items[k];
     if (!broken.ok()) {
       out.push_back(broken);
       continue;
@@ -479,7 +501,9 @@ std::vector<absl::StatusOr<RedisReply>> RedisCluster::Impl::Pipeline(
       out.push_back(broken);
       continue;
     }
+    depth = reply.str.size() >= options_.large_reply_bytes ? 1 : pipeline_depth_;
     out.push_back(std::move(reply));
+    if (sent < items.size()) send_until(std::min(items.size(), k + 1 + depth));
   }
   if (!broken.ok()) counters_->io_failures.fetch_add(1, std::memory_order_relaxed);
   Release(addr, *std::move(conn));
@@ -646,17 +670,21 @@ std::vector<absl::StatusOr<RedisReply>> RedisCluster::Impl::Execute(
       if (!routes[i].done) groups[routes[i].addr].push_back(i);
     }
     if (groups.empty()) break;
-    // One pipeline per node, in parallel; this thread runs the last one.
+    // One pipeline per node, at most parallel_nodes_ at once; this thread
+    // is one of the workers. Each worker takes the next node not yet read.
     std::vector<std::pair<const std::string*, const std::vector<size_t>*>> jobs;
     for (const auto& [addr, items] : groups) jobs.emplace_back(&addr, &items);
     std::vector<std::vector<absl::StatusOr<RedisReply>>> replies(jobs.size());
-    std::vector<std::thread> threads;
-    for (size_t j = 0; j + 1 < jobs.size(); ++j) {
-      threads.emplace_back([&, j] {
+    std::atomic<size_t> next_job{0};
+    auto work = [&] {
+      for (size_t j; (j = next_job.fetch_add(1, std::memory_order_relaxed)) < jobs.size();) {
         replies[j] = Pipeline(*jobs[j].first, commands, *jobs[j].second, routes);
-      });
-    }
-    replies.back() = Pipeline(*jobs.back().first, commands, *jobs.back().second, routes);
+      }
+    };
+    std::vector<std::thread> threads;
+    const size_t workers = std::min(jobs.size(), parallel_nodes_);
+    for (size_t w = 1; w < workers; ++w) threads.emplace_back(work);
+    work();
     for (std::thread& t : threads) t.join();
 
     bool refresh = false;

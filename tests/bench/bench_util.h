@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -33,6 +35,22 @@ inline double Quantile(std::vector<double> v, double q) {
   return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
 }
 inline double Median(const std::vector<double>& v) { return Quantile(v, 0.5); }
+
+// Minor page faults of process `pid` so far (/proc/PID/stat field 10), -1
+// when unreadable: the pages it touched for the first time since they were
+// mapped or handed back (the idle trim), each zero-filled by the kernel.
+inline int64_t MinorFaults(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');  // the command name may hold spaces
+  if (paren == std::string::npos) return -1;
+  std::istringstream rest(stat.substr(paren + 2));
+  std::string field;
+  for (int i = 3; i <= 10 && rest >> field; ++i) {
+    if (i == 10) return std::stoll(field);
+  }
+  return -1;
+}
 
 inline double NowMs() { return Ms(std::chrono::steady_clock::now().time_since_epoch()); }
 

@@ -3,7 +3,8 @@
 // dir) and real infoflow-server processes, and measures
 //
 //  1. fetch throughput from the cluster with RedisCluster::MultiGet (one
-//     pipeline per master, masters in parallel) vs one GET at a time, for
+//     pipeline per master: every master at once, one after another, and
+//     with the server's default options) vs one GET at a time, for
 //     8 x 1 MiB values and for 8 real chunk records (--chunk-tokens tokens of
 //     the generated 6-layer 512-wide model, BOS prefix, bf16), the latter
 //     also with record verification (xxh64 + header + key);
@@ -12,14 +13,16 @@
 //     rep) and recomputed (no shared tier, local copies deleted), same run,
 //     median of --reps; and on the RocksDB server, the same query with its
 //     chunks only in the cluster vs a local RocksDB hit once the background
-//     fill has landed: the ratio (issue #27's target: <= 1.10x);
+//     fill has landed: the ratio (issue #27's target: <= 1.10x), with both
+//     queries warm and with both after --idle-wait-ms without a request
+//     (past the server's idle trim), and each one's stages;
 //  3. two replicas behind round-robin, --queries queries of 4 chunks drawn
 //     from a --corpus-chunk corpus: chunk tokens prefilled in total with and
 //     without the shared tier, vs the tokens of the distinct chunks drawn.
 //
 //   remote_bench [--masters 3] [--chunk-tokens 512] [--context 4096] [--reps 5]
 //                [--queries 200] [--corpus 64] [--rr-chunk-tokens 128]
-//                [--threads 1] [--server BIN]
+//                [--threads 1] [--server BIN] [--idle-wait-ms 2500]
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "cache_store/chunk_store.h"
 #include "cache_store/malloc_tuning.h"
 #include "cache_store/redis_cluster.h"
@@ -73,42 +77,66 @@ std::string TextOfTokens(const Tokenizer& tok, int64_t tokens, uint32_t seed) {
 }
 
 struct Throughput {
-  double parallel_gbs = 0, serial_gbs = 0, verify_gbs = 0;
+  double all_nodes_gbs = 0;  // MultiGet, every node's pipeline at once
+  double one_node_gbs = 0;   // MultiGet, one node's pipeline after another
+  double auto_gbs = 0;       // MultiGet with the server's (default) options
+  double serial_gbs = 0;     // one GET at a time
+  double verify_gbs = 0;     // auto MultiGet + record verification
 };
 
-Throughput MeasureFetch(store::RedisCluster& c, const std::vector<std::string>& keys,
+// Median GB/s of fetching `keys` (`bytes` in all) with each client, `reps`
+// rounds interleaved so that drift on a shared box hits every way alike.
+Throughput MeasureFetch(store::RedisCluster& all, store::RedisCluster& one,
+                        store::RedisCluster& automatic, const std::vector<std::string>& keys,
                         uint64_t bytes, int reps, bool verify) {
   Throughput t;
-  (void)c.MultiGet(keys);  // warm the connections
-  std::vector<double> par, ser, ver;
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = Clock::now();
-    auto got = c.MultiGet(keys);
-    par.push_back(Ms(Clock::now() - t0));
+  for (store::RedisCluster* c : {&all, &one, &automatic}) (void)c->MultiGet(keys);  // connect
+  std::vector<double> t_all, t_one, t_auto, t_ser, t_ver;
+  auto time_ms = [](auto f) {
+    const auto t0 = Clock::now();
+    f();
+    return Ms(Clock::now() - t0);
+  };
+  auto check = [](const auto& got) {
     for (auto& g : got) {
       if (!g.ok() || !g->has_value()) std::fprintf(stderr, "fetch failed\n");
     }
-    t0 = Clock::now();
-    for (const std::string& k : keys) (void)c.Get(k);
-    ser.push_back(Ms(Clock::now() - t0));
+  };
+  for (int r = 0; r < reps; ++r) {
+    t_all.push_back(time_ms([&] { check(all.MultiGet(keys)); }));
+    t_one.push_back(time_ms([&] { check(one.MultiGet(keys)); }));
+    t_auto.push_back(time_ms([&] { check(automatic.MultiGet(keys)); }));
+    t_ser.push_back(time_ms([&] {
+      for (const std::string& k : keys) (void)automatic.Get(k);
+    }));
     if (verify) {
-      t0 = Clock::now();
-      auto got2 = c.MultiGet(keys);
-      for (auto& g : got2) {
-        auto v = store::ChunkValue::Create(**std::move(g));
-        if (!v.ok()) std::fprintf(stderr, "verify failed\n");
-      }
-      ver.push_back(Ms(Clock::now() - t0));
+      t_ver.push_back(time_ms([&] {
+        for (auto& g : automatic.MultiGet(keys)) {
+          auto v = store::ChunkValue::Create(**std::move(g));
+          if (!v.ok()) std::fprintf(stderr, "verify failed\n");
+        }
+      }));
     }
   }
-  t.parallel_gbs = bytes / (Median(par) / 1e3) / 1e9;
-  t.serial_gbs = bytes / (Median(ser) / 1e3) / 1e9;
-  if (verify) t.verify_gbs = bytes / (Median(ver) / 1e3) / 1e9;
+  auto gbs = [&](const std::vector<double>& ms) { return bytes / (Median(ms) / 1e3) / 1e9; };
+  t.all_nodes_gbs = gbs(t_all);
+  t.one_node_gbs = gbs(t_one);
+  t.auto_gbs = gbs(t_auto);
+  t.serial_gbs = gbs(t_ser);
+  if (verify) t.verify_gbs = gbs(t_ver);
   return t;
 }
 
+void PrintFetch(const char* what, const Throughput& t, bool verify) {
+  std::printf("fetch %s: all nodes at once %.2f GB/s | one node at a time %.2f GB/s | "
+              "default options %.2f GB/s | one GET at a time %.2f GB/s",
+              what, t.all_nodes_gbs, t.one_node_gbs, t.auto_gbs, t.serial_gbs);
+  if (verify) std::printf(" | default + verification %.2f GB/s", t.verify_gbs);
+  std::printf("\n");
+}
+
 int Main(int argc, char** argv) {
-  int masters = 3, reps = 5, queries = 200, corpus = 64, threads = 1;
+  int masters = 3, reps = 5, queries = 200, corpus = 64, threads = 1, idle_wait_ms = 2500;
   int64_t chunk_tokens = 512, context = 4096, rr_chunk_tokens = 128;
   std::string server_bin = INFOFLOW_SERVER_BIN;
   for (int i = 1; i < argc; ++i) {
@@ -117,6 +145,7 @@ int Main(int argc, char** argv) {
       std::printf(
           "usage: remote_bench [--masters 3] [--chunk-tokens 512] [--context 4096] [--reps 5]\n"
           "  [--queries 200] [--corpus 64] [--rr-chunk-tokens 128] [--threads 1] [--server BIN]\n"
+          "  [--idle-wait-ms 2500 (0 = no after-idle pair)]\n"
           "Starts a Redis Cluster (redis-server, no replicas) and infoflow-server processes on\n"
           "127.0.0.1 and measures the shared tier: fetch GB/s, TTFT by tier, and tokens\n"
           "prefilled by two round-robin replicas with and without it.\n");
@@ -132,6 +161,7 @@ int Main(int argc, char** argv) {
     else if (f == "--rr-chunk-tokens") rr_chunk_tokens = std::atoll(v.c_str());
     else if (f == "--threads") threads = std::atoi(v.c_str());
     else if (f == "--server") server_bin = v;
+    else if (f == "--idle-wait-ms") idle_wait_ms = std::max(0, std::atoi(v.c_str()));
     else {
       std::fprintf(stderr, "remote_bench: unknown flag %s (see --help)\n", f.c_str());
       return 2;
@@ -160,8 +190,13 @@ int Main(int argc, char** argv) {
   store::RedisClusterOptions co;
   co.seeds = cluster.Seeds();
   co.timeout = std::chrono::milliseconds(2000);
-  auto rc = store::RedisCluster::Create(co);
-  if (!rc.ok()) return 1;
+  auto rc = store::RedisCluster::Create(co);  // the server's defaults
+  co.max_parallel_nodes = masters;
+  auto rc_all = store::RedisCluster::Create(co);
+  co.max_parallel_nodes = 1;
+  auto rc_one = store::RedisCluster::Create(co);
+  if (!rc.ok() || !rc_all.ok() || !rc_one.ok()) return 1;
+  std::printf("\n");
 
   // ---- 1. fetch throughput.
   {
@@ -175,9 +210,8 @@ int Main(int argc, char** argv) {
       bytes += v.size();
       if (!(*rc)->Set(keys.back(), v).ok()) return 1;
     }
-    Throughput t = MeasureFetch(**rc, keys, bytes, 2 * reps + 1, false);
-    std::printf("\nfetch 8 x 1 MiB: parallel MultiGet %.2f GB/s, one GET at a time %.2f GB/s\n",
-                t.parallel_gbs, t.serial_gbs);
+    Throughput t = MeasureFetch(**rc_all, **rc_one, **rc, keys, bytes, 2 * reps + 1, false);
+    PrintFetch("8 x 1 MiB", t, false);
   }
   LoadOptions lo;
   lo.device = "cpu";
@@ -197,11 +231,11 @@ int Main(int argc, char** argv) {
       bytes += rec->size();
       if (!(*rc)->Set(keys.back(), *rec).ok()) return 1;
     }
-    Throughput t = MeasureFetch(**rc, keys, bytes, 2 * reps + 1, true);
-    std::printf("fetch 8 chunk records (%lld tokens, %.2f MiB each): parallel MultiGet %.2f GB/s, "
-                "+ verification %.2f GB/s, one GET at a time %.2f GB/s\n",
-                static_cast<long long>(chunk_tokens), bytes / 8.0 / (1 << 20), t.parallel_gbs,
-                t.verify_gbs, t.serial_gbs);
+    Throughput t = MeasureFetch(**rc_all, **rc_one, **rc, keys, bytes, 2 * reps + 1, true);
+    const std::string what = absl::StrFormat("8 chunk records (%lld tokens, %.2f MiB each)",
+                                             static_cast<long long>(chunk_tokens),
+                                             bytes / 8.0 / (1 << 20));
+    PrintFetch(what.c_str(), t, true);
   }
 
   // ---- 2. TTFT by tier at `context` tokens.
@@ -308,24 +342,55 @@ int Main(int argc, char** argv) {
     }
   };
   (void)query(c_disk, false);  // fills s_disk's RocksDB from the cluster (in the background)
-  wait_fills(*s_disk, static_cast<double>(keys.size()));
+  double disk_fills = static_cast<double>(keys.size());
+  wait_fills(*s_disk, disk_fills);
   (void)query(c_ram, false);
-  std::vector<double> t_ram, t_disk, t_cluster, t_recompute, t_disk_cluster;
+  // The RocksDB server's pairs: the query with its chunks only in the
+  // cluster and the same query on a local RocksDB hit, both warm (right
+  // after a query) and both after an idle spell past the trim period.
+  struct Pair {
+    std::vector<double> cluster, disk;
+    std::vector<v1::StageTimings> cluster_stages, disk_stages;
+    std::vector<double> cluster_faults, disk_faults;  // the server's, per query
+  };
+  Pair warm, idle;
+  auto measure_pair = [&](Pair* p, int idle_ms) {
+    if (idle_ms == 0) (void)query(c_disk, false);  // warm: a query right before
+    if (idle_ms > 0) usleep(idle_ms * 1000);
+    int64_t faults = bench::MinorFaults(s_disk->pid());
+    v1::Report rep = query(c_disk, false);
+    p->disk_faults.push_back(static_cast<double>(bench::MinorFaults(s_disk->pid()) - faults));
+    p->disk.push_back(rep.ttft_ms());
+    p->disk_stages.push_back(rep.stages());
+    delete_local(*s_disk);  // a few ms: warm still means within the trim period
+    if (idle_ms > 0) usleep(idle_ms * 1000);
+    faults = bench::MinorFaults(s_disk->pid());
+    rep = query(c_disk, false);
+    p->cluster_faults.push_back(static_cast<double>(bench::MinorFaults(s_disk->pid()) - faults));
+    p->cluster.push_back(rep.ttft_ms());
+    p->cluster_stages.push_back(rep.stages());
+    if (rep.chunk_remote_hits() != static_cast<int>(keys.size())) {
+      std::fprintf(stderr, "expected %zu chunks from the cluster, got %d\n", keys.size(),
+                   rep.chunk_remote_hits());
+      std::exit(1);
+    }
+    disk_fills += static_cast<double>(keys.size());
+    wait_fills(*s_disk, disk_fills);
+  };
+  std::vector<double> t_ram, t_cluster, t_recompute;
   int64_t ctx_tokens = 0;
-  int cluster_hits = 0, disk_cluster_hits = 0;
+  int cluster_hits = 0;
   for (int r = 0; r < reps; ++r) {
     delete_local(*s_ram);
     v1::Report rep = query(c_ram, false);
     t_cluster.push_back(rep.ttft_ms());
     cluster_hits = rep.chunk_remote_hits();
     t_ram.push_back(query(c_ram, false).ttft_ms());
-    // The RocksDB server: chunks only in the cluster, then (fill landed) on disk.
-    delete_local(*s_disk);
-    rep = query(c_disk, false);
-    t_disk_cluster.push_back(rep.ttft_ms());
-    disk_cluster_hits = rep.chunk_remote_hits();
-    wait_fills(*s_disk, static_cast<double>(keys.size() * (r + 2)));
-    t_disk.push_back(query(c_disk, false).ttft_ms());
+    // s_ram's fills of the records it just fetched must not share the cores
+    // with the next server's query.
+    wait_fills(*s_ram, static_cast<double>(keys.size() * (r + 1)));
+    measure_pair(&warm, 0);
+    measure_pair(&idle, idle_wait_ms);
     delete_local(*s_none);
     rep = query(c_none, true);
     ctx_tokens = rep.context_tokens();
@@ -334,12 +399,37 @@ int Main(int argc, char** argv) {
   std::printf("\nINFOFLOW TTFT, %lld context tokens in %zu chunks (median of %d, server-side):\n"
               "  RAM %.1f ms | RocksDB %.1f ms | cluster %.1f ms (%d/%zu chunks from the cluster) | "
               "recompute %.1f ms\n",
-              static_cast<long long>(ctx_tokens), keys.size(), reps, Median(t_ram), Median(t_disk),
-              Median(t_cluster), cluster_hits, keys.size(), Median(t_recompute));
-  std::printf("  shared tier only vs local RocksDB hit (same server, --ram-bytes=0): %.1f ms "
-              "(%d/%zu chunks from the cluster) / %.1f ms = %.3fx (target <= 1.10x)\n",
-              Median(t_disk_cluster), disk_cluster_hits, keys.size(), Median(t_disk),
-              Median(t_disk_cluster) / Median(t_disk));
+              static_cast<long long>(ctx_tokens), keys.size(), reps, Median(t_ram),
+              Median(warm.disk), Median(t_cluster), cluster_hits, keys.size(), Median(t_recompute));
+  auto stage_line = [](const char* name, const std::vector<v1::StageTimings>& st,
+                       const std::vector<double>& faults) {
+    auto med = [&](double (v1::StageTimings::*f)() const) {
+      std::vector<double> v;
+      for (const auto& s : st) v.push_back((s.*f)());
+      return Median(v);
+    };
+    std::printf("      %-13s fetch %.1f | reposition %.1f | score %.1f | recompute %.1f | "
+                "prompt %.1f ms | %.0f page faults (%.1f MiB)\n",
+                name, med(&v1::StageTimings::fetch_ms), med(&v1::StageTimings::reposition_ms),
+                med(&v1::StageTimings::score_ms), med(&v1::StageTimings::recompute_ms),
+                med(&v1::StageTimings::prompt_ms), Median(faults),
+                Median(faults) * 4096 / (1 << 20));
+  };
+  std::printf("  chunks only in the cluster vs a local RocksDB hit, same server (--ram-bytes=0), "
+              "all %zu chunks from the cluster (issue #27's target: <= 1.10x):\n",
+              keys.size());
+  for (const auto& [name, p] : {std::pair<const char*, const Pair*>{"warm", &warm},
+                                {"after idle", &idle}}) {
+    if (p == &idle && idle_wait_ms == 0) continue;
+    std::printf("    %-10s %.1f ms / %.1f ms = %.3fx\n", name, Median(p->cluster), Median(p->disk),
+                Median(p->cluster) / Median(p->disk));
+    stage_line("cluster only", p->cluster_stages, p->cluster_faults);
+    stage_line("RocksDB hit", p->disk_stages, p->disk_faults);
+  }
+  if (idle_wait_ms > 0) {
+    std::printf("    (after idle: %d ms without a request before each query; the server trims "
+                "after --idle-trim-ms, default 1000)\n", idle_wait_ms);
+  }
   s_ram.reset();
   s_disk.reset();
   s_none.reset();

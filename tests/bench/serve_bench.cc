@@ -90,6 +90,7 @@ namespace v1 = ::infoflow::v1;
 using Clock = std::chrono::steady_clock;
 
 using bench::Median;
+using bench::MinorFaults;
 using bench::Ms;
 using bench::ParseList;
 using bench::Quantile;
@@ -163,22 +164,6 @@ absl::StatusOr<Run> QueryOnce(client::Client& c, const std::vector<std::string>&
 // QueryOnce: [BOS] prefix, the chunk KVs, the rendered template, one token.
 // Returns ms from the call to the first token (what the server's TTFT covers,
 // minus fetching the chunks from the store and gRPC).
-// Minor page faults of process `pid` so far (/proc/PID/stat field 10): the
-// pages a query touched for the first time since they were mapped or handed
-// back (the idle trim), each zero-filled by the kernel.
-int64_t MinorFaults(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t paren = stat.rfind(')');  // the command name may hold spaces
-  if (paren == std::string::npos) return -1;
-  std::istringstream rest(stat.substr(paren + 2));
-  std::string field;
-  for (int i = 3; i <= 10 && rest >> field; ++i) {
-    if (i == 10) return std::stoll(field);
-  }
-  return -1;
-}
-
 absl::StatusOr<double> InProcessTtft(const Model& model, const Tokenizer& tok,
                                      const std::vector<std::shared_ptr<const ChunkKv>>& chunks,
                                      const MethodRow& m, const std::string& question) {
