@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "cache_store/background_priority.h"
 #include "cache_store/ram_tier.h"
+#include "cache_store/record_buffers.h"
 #include "cache_store/record_queue.h"
 #include "cache_store/remote_writer.h"
 
@@ -178,6 +179,17 @@ absl::StatusOr<std::shared_ptr<const ChunkValue>> ChunkValue::Create(
   return std::shared_ptr<const ChunkValue>(std::move(v));
 }
 
+ChunkValue::~ChunkValue() {
+  // record_'s views into bytes_ are not read again: only destroyed.
+  if (recycle_bytes_) RecordBuffers::Default().Give(std::move(bytes_));
+}
+
+absl::StatusOr<std::shared_ptr<const ChunkValue>> ChunkValue::CreateRecycling(std::string bytes) {
+  absl::StatusOr<std::shared_ptr<const ChunkValue>> v = Create(std::move(bytes));
+  if (v.ok()) const_cast<ChunkValue*>(v->get())->recycle_bytes_ = true;
+  return v;
+}
+
 class ChunkStore::Impl {
  public:
   explicit Impl(ChunkStoreOptions options)
@@ -311,7 +323,8 @@ class ChunkStore::Impl {
   // The one check of a record read from outside RAM (disk or the shared
   // tier): it decodes (checksum, header, sizes) and is the record of `key`
   // (recomputed content key, which commits to the model fingerprint).
-  std::shared_ptr<const ChunkValue> VerifyRead(const ChunkKey& key, std::string bytes,
+  // `recycle`: the bytes are a RecordBuffers buffer (ChunkValue::CreateRecycling).
+  std::shared_ptr<const ChunkValue> VerifyRead(const ChunkKey& key, std::string bytes, bool recycle,
                                                ReadVerdict* verdict) const;
   // Fetches `keys` (all led flights, missing or corrupt locally with
   // `local` status) from the shared tier in one parallel batch, verifies
@@ -516,8 +529,8 @@ std::vector<absl::StatusOr<GetResult>> ChunkStore::Impl::ReadFromDisk(
   std::vector<rocksdb::Slice> rkeys;
   rkeys.reserve(n);
   for (const ChunkKey& k : keys) rkeys.push_back(ToSlice(k.AsBytes()));
-  // Each PinnableSlice writes into its own std::string when RocksDB has to
-  // copy (blob values do), so we can take that buffer without a second copy.
+  // Each PinnableSlice writes into its own std::string when RocksDB cannot
+  // pin the value, so we can take that buffer without a second copy.
   std::vector<std::string> bufs(n);
   std::vector<rocksdb::PinnableSlice> values;
   values.reserve(n);
@@ -567,7 +580,8 @@ std::vector<absl::StatusOr<GetResult>> ChunkStore::Impl::ReadFromDisk(
     values[i].Reset();
     counters_.bytes_read.fetch_add(bytes.size(), std::memory_order_relaxed);
     ReadVerdict verdict;
-    std::shared_ptr<const ChunkValue> v = VerifyRead(keys[i], std::move(bytes), &verdict);
+    std::shared_ptr<const ChunkValue> v =
+        VerifyRead(keys[i], std::move(bytes), /*recycle=*/false, &verdict);
     if (v == nullptr) {
       MarkCorrupt(keys[i]);
       counters_.corrupt.fetch_add(1, std::memory_order_relaxed);
@@ -585,9 +599,11 @@ std::vector<absl::StatusOr<GetResult>> ChunkStore::Impl::ReadFromDisk(
 }
 
 std::shared_ptr<const ChunkValue> ChunkStore::Impl::VerifyRead(const ChunkKey& key,
-                                                               std::string bytes,
+                                                               std::string bytes, bool recycle,
                                                                ReadVerdict* verdict) const {
-  absl::StatusOr<std::shared_ptr<const ChunkValue>> v = ChunkValue::Create(std::move(bytes));
+  absl::StatusOr<std::shared_ptr<const ChunkValue>> v =
+      recycle ? ChunkValue::CreateRecycling(std::move(bytes))
+              : ChunkValue::Create(std::move(bytes));
   if (!v.ok()) {
     *verdict = ReadVerdict::kCorrupt;
     return nullptr;
@@ -671,7 +687,10 @@ std::vector<absl::StatusOr<GetResult>> ChunkStore::Impl::ReadFromRemote(
     }
     counters_.remote_bytes_read.fetch_add((*got[i])->size(), std::memory_order_relaxed);
     ReadVerdict verdict;
-    std::shared_ptr<const ChunkValue> v = VerifyRead(keys[i], **std::move(got[i]), &verdict);
+    // The cluster's reply was read into a RecordBuffers buffer: it goes
+    // back there when the record does.
+    std::shared_ptr<const ChunkValue> v =
+        VerifyRead(keys[i], **std::move(got[i]), /*recycle=*/true, &verdict);
     if (v == nullptr) {
       // Reported as corrupt: the caller recomputes, and the write-through
       // of the recomputed record overwrites the bad value in the cluster.

@@ -170,8 +170,14 @@ class ChunkValue {
   static absl::StatusOr<std::shared_ptr<const ChunkValue>> Create(
       std::string bytes, DecodeOptions options = {});
 
+  // As Create, for bytes in a RecordBuffers buffer (a record read from the
+  // shared tier): when the value goes, they go back to
+  // RecordBuffers::Default() for the next read (record_buffers.h).
+  static absl::StatusOr<std::shared_ptr<const ChunkValue>> CreateRecycling(std::string bytes);
+
   ChunkValue(const ChunkValue&) = delete;
   ChunkValue& operator=(const ChunkValue&) = delete;
+  ~ChunkValue();
 
   // The encoded record exactly as stored.
   const std::string& bytes() const { return bytes_; }
@@ -182,6 +188,7 @@ class ChunkValue {
   ChunkValue() = default;
   std::string bytes_;
   KvRecord record_;
+  bool recycle_bytes_ = false;  // CreateRecycling
 };
 
 enum class GetStatus {

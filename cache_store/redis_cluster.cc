@@ -22,6 +22,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cache_store/record_buffers.h"
 
 namespace infoflow::store {
 namespace {
@@ -141,7 +142,9 @@ class RespReader {
           return absl::OkStatus();
         }
         out->type = RedisReply::Type::kString;
-        out->str.resize(static_cast<size_t>(n) + 2);  // + CRLF
+        // + CRLF. A large value (a chunk record) reads into a recycled
+        // buffer: no allocation, zero-fill or page faults (record_buffers.h).
+        out->str = RecordBuffers::Default().Take(static_cast<size_t>(n) + 2);
         if (absl::Status s = ReadExact(out->str.data(), out->str.size()); !s.ok()) return s;
         if (out->str[n] != '\r' || out->str[n + 1] != '\n') return Protocol("bulk without CRLF");
         out->str.resize(static_cast<size_t>(n));

@@ -25,6 +25,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cache_store/chunk_store.h"
+#include "cache_store/record_buffers.h"
 #include "engine/model/buffer_pool.h"
 
 // Minimum stack for threads created with an explicit stack size. Why: the
@@ -212,6 +213,17 @@ class LiveCollector : public prometheus::Collectable {
              "while idle).",
              T::Counter, {{"", static_cast<double>(st.unmapped_bytes)}});
     }
+    const store::RecordBufferStats rb = store::RecordBuffers::Default().stats();
+    family("infoflow_record_buffers_cached_bytes",
+           "Buffers of chunk records read earlier, kept resident for the next read "
+           "(--record-buffer-retain-mb).",
+           T::Gauge, {{"", static_cast<double>(rb.cached_bytes)}});
+    AddFamily(out, "infoflow_record_buffers_taken_bytes_total",
+              "Record bytes read into a kept buffer (reused: no allocation, no page faults) or "
+              "a new one (fresh).",
+              T::Counter, "result",
+              {{"reused", static_cast<double>(rb.reused_bytes)},
+               {"fresh", static_cast<double>(rb.fresh_bytes)}});
     long pages = 0, resident = 0;
     if (FILE* f = std::fopen("/proc/self/statm", "r")) {
       if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cache_store/chunk_store.h"
+#include "cache_store/record_buffers.h"
 #include "engine/chunk/chunk_codec.h"
 #include "engine/model/buffer_pool.h"
 #include "engine/model/model.h"
@@ -220,11 +221,16 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
         std::chrono::milliseconds(options.idle_trim_ms), nullptr,
         [min_free] { return IdleTrimmer::HeapFreeBytes() >= min_free; });
   }
-  if (options.pool_idle_release_s > 0 && pool != nullptr) {
-    // A long idle spell: the pool returns its cached blocks too.
+  store::RecordBuffers::Default().set_retain_bytes(
+      static_cast<size_t>(options.record_buffer_retain_mb) << 20);
+  if (options.pool_idle_release_s > 0) {
+    // A long idle spell: the pool and the kept record buffers go back too.
     s->pool_releaser = std::make_unique<IdleTrimmer>(
         [sched] { return sched->idle(); }, [sched] { return sched->admitted(); },
-        std::chrono::seconds(options.pool_idle_release_s), [pool] { pool->Trim(0); });
+        std::chrono::seconds(options.pool_idle_release_s), [pool] {
+          if (pool != nullptr) pool->Trim(0);
+          store::RecordBuffers::Default().Trim(0);
+        });
   }
 
   GroupConfig group;

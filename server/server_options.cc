@@ -71,6 +71,10 @@ const char kServerUsage[] =
     "                          query maps and faults its buffers afresh)\n"
     "  --pool-idle-release-s N after N s without a request the pool returns its buffers\n"
     "                          to the OS too (default 300; 0 = never)\n"
+    "  --record-buffer-retain-mb N\n"
+    "                          buffers of chunk records read from the shared tier, kept\n"
+    "                          resident for the next read, at most N MiB (default 512;\n"
+    "                          0 = none); emptied with the pool after --pool-idle-release-s\n"
     "  --remote-redis H:P[,H:P...]\n"
     "                          shared chunk-KV tier: seed nodes of a Redis Cluster that every\n"
     "                          replica reads (after RAM and disk miss) and writes behind its\n"
@@ -184,6 +188,13 @@ absl::Status Apply(ServerOptions* o, const std::string& name, const std::string&
     }
   }
   else if (name == "pool-idle-release-s") return num(&o->pool_idle_release_s, 0);
+  else if (name == "record-buffer-retain-mb") {
+    if (absl::Status st = num(&o->record_buffer_retain_mb, 0); !st.ok()) return st;
+    if (o->record_buffer_retain_mb > (int64_t{1} << 20)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--record-buffer-retain-mb: at most 1048576 (1 TiB), got ", value));
+    }
+  }
   else if (name == "remote-redis") {
     if (!value.empty()) {
       if (absl::StatusOr<std::vector<std::string>> s = store::ParseRedisSeeds(value); !s.ok()) {

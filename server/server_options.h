@@ -76,6 +76,11 @@ struct ServerOptions {
   // After this long without a request the pool returns its cached blocks
   // too (the next query then maps and faults its buffers afresh); 0 = never.
   int pool_idle_release_s = 300;
+  // Buffers of chunk records read from the shared tier, kept for the
+  // next read when their last reader lets go, at most this many MiB
+  // (cache_store/record_buffers.h); emptied with the pool after
+  // pool_idle_release_s. 0 = keep none.
+  int64_t record_buffer_retain_mb = 512;
   // Shared chunk-KV tier on a Redis Cluster (docs/DESIGN.md §13): seed
   // nodes "host:port[,host:port...]"; empty = off (local tiers only).
   std::string remote_redis;

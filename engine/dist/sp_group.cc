@@ -9,7 +9,9 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 #include <utility>
 #ifdef INFOFLOW_WITH_NCCL
 // CUDA builds only (engine/CMakeLists.txt defines both macros when the
@@ -18,12 +20,15 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace infoflow {
 
 struct SequenceParallelGroup::Impl {
   c10::intrusive_ptr<c10d::TCPStore> store;
+  // The store under the group's key prefix: rendezvous and blame records.
+  c10::intrusive_ptr<c10d::Store> control;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   bool nccl = false;
   // Where the backend wants tensors: the CPU for Gloo, the rank's GPU for
@@ -112,6 +117,7 @@ absl::StatusOr<std::unique_ptr<SequenceParallelGroup>> SequenceParallelGroup::Jo
     if (!options.key_prefix.empty()) {
       rendezvous = c10::make_intrusive<c10d::PrefixStore>(options.key_prefix, impl->store);
     }
+    impl->control = rendezvous;
     if (options.backend == "nccl") {
 #ifdef INFOFLOW_WITH_NCCL
       // Blocking wait: Work::wait then honours the group timeout and throws
@@ -221,9 +227,11 @@ absl::Status SequenceParallelGroup::Wait(std::unique_ptr<PendingExchange> holder
         continue;
       }
     } catch (const std::exception& e) {
-      error_ = absl::UnavailableError(
-          absl::StrCat("rank ", op.peer, ": ", op.is_send ? "send to" : "receive from",
-                       " it failed (group timeout ", options_.timeout.count(), " ms): ", Brief(e)));
+      const std::string brief = Brief(e);
+      error_ = BlameChain(op.peer, brief.find("Timed out") != std::string::npos,
+                          absl::StrCat(op.is_send ? "send to" : "receive from",
+                                       " it failed (group timeout ", options_.timeout.count(),
+                                       " ms): ", brief));
     }
     // Broken: the buffers of unfinished ops must outlive the backend's use.
     for (PendingExchange::State::Op& rest : ex->ops) {
@@ -233,6 +241,48 @@ absl::Status SequenceParallelGroup::Wait(std::unique_ptr<PendingExchange> holder
     return error_;
   }
   return absl::OkStatus();
+}
+
+absl::Status SequenceParallelGroup::BlameChain(int peer, bool timed_out,
+                                               const std::string& what) {
+  auto key = [](int r) { return "infoflow_blame/" + std::to_string(r); };
+  int culprit = peer;
+  std::string via;
+  try {
+    const std::string mine = std::to_string(peer);
+    impl_->control->set(key(rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
+    // Only a timeout can be a wait on a rank that itself waits: a closed
+    // connection names the rank that went away.
+    const auto patience = std::min<std::chrono::milliseconds>(options_.timeout / 2,
+                                                              std::chrono::milliseconds(2000));
+    std::vector<bool> seen(static_cast<size_t>(world_size()), false);
+    seen[static_cast<size_t>(rank())] = true;
+    while (timed_out && !seen[static_cast<size_t>(culprit)]) {
+      seen[static_cast<size_t>(culprit)] = true;
+      const auto until = std::chrono::steady_clock::now() + patience;
+      bool recorded = false;
+      while (!(recorded = impl_->control->check({key(culprit)})) &&
+             std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      if (!recorded) break;  // it recorded nothing: stalled or gone
+      const std::vector<uint8_t> v = impl_->control->get(key(culprit));
+      int next = -1;
+      if (!absl::SimpleAtoi(std::string(v.begin(), v.end()), &next) || next < 0 ||
+          next >= world_size() || next == rank()) {
+        break;
+      }
+      absl::StrAppend(&via, via.empty() ? "" : ", ", "rank ", culprit, " timed out on rank ",
+                      next);
+      culprit = next;
+    }
+  } catch (const std::exception&) {
+    // The store is unreachable (rank 0 gone or stopped): name the direct peer.
+  }
+  if (culprit == peer) return absl::UnavailableError(absl::StrCat("rank ", peer, ": ", what));
+  return absl::UnavailableError(absl::StrCat("rank ", culprit,
+                                             ": stalled or gone, recorded no failure of its own (",
+                                             via, "); here: rank ", peer, ": ", what));
 }
 
 std::unique_ptr<PendingExchange> SequenceParallelGroup::StartRingExchange(

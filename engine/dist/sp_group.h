@@ -6,7 +6,12 @@
 // Every exchange is point to point (Gloo send/recv), even the collectives,
 // so a failure always names the peer it came from: a rank that died or
 // stalls makes the operation fail with UNAVAILABLE "rank R: ..." within the
-// group's timeout, never hang. After the first failure the group is broken:
+// group's timeout (plus a short wait, below), never hang. A rank that timed
+// out may have been waiting on a peer that itself waits on the stalled rank
+// (a ring): each rank that fails records in the group's store whom it
+// waited on, and a timed-out rank follows those records to the rank that
+// recorded nothing, which its error names (BlameChain). After the first
+// failure the group is broken:
 // every later call fails at once with that error, and the owner must exit
 // (or rebuild the group with every rank again).
 //
@@ -125,6 +130,12 @@ class SequenceParallelGroup {
   struct Impl;
   SequenceParallelGroup(GroupOptions options, std::unique_ptr<Impl> impl, int port);
   friend class PendingExchange;
+
+  // The error for a failed wait on `peer` (`what` says how it failed).
+  // Records `peer` as this rank's blame in the store; after a timeout also
+  // follows the other ranks' records (each waited for up to half the group
+  // timeout, at most 2 s) to the rank that recorded none, and names it.
+  absl::Status BlameChain(int peer, bool timed_out, const std::string& what);
 
   // Posts sends to / receives from the given peers and returns the handle.
   std::unique_ptr<PendingExchange> Start(const std::vector<std::pair<int, at::Tensor>>& sends,

@@ -175,6 +175,30 @@ int RunRank(int argc, char** argv) {
       if (go.rank == 0 && i == 0) out << "RUNNING\n" << std::flush;
     }
   }
+  if (f["--sp-mode"] == "chain") {
+    // Rank 0 waits on rank 1, which waits on rank 2, which the test stops
+    // (once every rank has passed one ring step and the test's go file is
+    // there): rank 0's own timeout is on rank 1, a healthy rank.
+    at::Tensor t = at::ones({16});
+    at::Tensor r = at::empty({16});
+    absl::Status st = (*group)->Wait((*group)->StartRingExchange({t}, {r}));
+    if (go.rank == 0) out << (st.ok() ? "RUNNING" : "ERR " + st.ToString()) << "\n" << std::flush;
+    if (!st.ok()) _exit(3);
+    const std::string go_file = f["--sp-out"] + ".go";
+    while (!std::filesystem::exists(go_file)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (go.rank == 1) {
+      st = (*group)->Exchange({{2, t}}, {});
+      if (st.ok()) st = (*group)->Exchange({}, {{0, r}});
+    } else {
+      st = (*group)->Exchange({{1, t}}, {});
+    }
+    if (go.rank == 0) out << (st.ok() ? "OK" : "ERR " + st.ToString()) << "\n" << std::flush;
+    std::fprintf(stderr, "rank %d: %s\n", go.rank, st.ToString().c_str());
+    if (go.rank != 0) std::this_thread::sleep_for(go.timeout);  // as in "fault"
+    _exit(st.ok() ? 0 : 3);
+  }
   if (f["--sp-mode"] == "mismatch") {
     // Rank 1 is given another question: every rank must refuse at once.
     if (go.rank == 1) in.question_ids.back() ^= 1;
@@ -386,6 +410,44 @@ TEST_F(SequenceParallelTest, ThreeRanksMatchOneProcess) { ExpectSameAsOneProcess
 TEST_F(SequenceParallelTest, KilledRankFailsQueryNamingIt) { ExpectFaultNamesRank(2, 1, SIGKILL); }
 TEST_F(SequenceParallelTest, StalledRankFailsQueryWithinTimeout) {
   ExpectFaultNamesRank(3, 2, SIGSTOP);
+}
+
+// Rank 0 times out on rank 1, which is healthy but itself waits on the
+// stopped rank 2: rank 0's error follows rank 1's record (the blame chain in
+// the group's store) and names rank 2.
+TEST_F(SequenceParallelTest, TimeoutOnAWaitingRankNamesTheStalledOne) {
+  const int timeout_ms = 2000;
+  std::vector<pid_t> pids =
+      sp_launch::LaunchGroup(Base("chain", timeout_ms), 3, (dir_ / "port").string());
+  ASSERT_EQ(pids.size(), 3u);
+  auto read_out = [&] {
+    std::ifstream in(dir_ / "out.txt");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (read_out().find("RUNNING") == std::string::npos &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_NE(read_out().find("RUNNING"), std::string::npos) << read_out();
+  kill(pids[2], SIGSTOP);
+  std::ofstream((dir_ / "out.txt").string() + ".go") << "go\n";
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc0 = sp_launch::WaitExit(pids[0]);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int r = 1; r < 3; ++r) {
+    kill(pids[r], SIGKILL);
+    sp_launch::WaitExit(pids[r]);
+  }
+  EXPECT_EQ(rc0, 3);
+  const std::string text = read_out();
+  EXPECT_NE(text.find("ERR UNAVAILABLE: rank 2: stalled or gone"), std::string::npos) << text;
+  EXPECT_NE(text.find("rank 1 timed out on rank 2"), std::string::npos) << text;
+  // The timeout plus the wait for records (half the timeout), never a hang.
+  EXPECT_LT(waited, timeout_ms / 1000.0 * 1.5 + 3.0);
 }
 
 // Ranks given different queries (a bug in whoever feeds them) fail at once,

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cache_store/chunk_store.h"
+#include "cache_store/record_buffers.h"
 #include "cache_store/redis_cluster.h"
 #include "gtest/gtest.h"
 #include "tests/remote/redis_cluster_fixture.h"
@@ -453,6 +454,60 @@ TEST(SharedTierTest, ReplicaBReadsWhatReplicaAWrote) {
   auto none = (*b)->Get(MakeRecord(99999).key);
   EXPECT_EQ(none->status, GetStatus::kNotFound);
   EXPECT_EQ((*b)->counters().remote_misses.load(), 1u);
+}
+
+// A record read from the cluster lands in a kept buffer (RecordBuffers) and
+// hands it back when the last reader lets go, so the next cluster read of a
+// similar size neither allocates nor faults.
+TEST(SharedTierTest, ClusterReadsRecycleTheirBuffers) {
+  TempDir da, db;
+  auto a = ChunkStore::Open(RemoteStoreOptions(da.path(), "st9:"));
+  ChunkStoreOptions ob = RemoteStoreOptions(db.path(), "st9:");
+  ob.ram_tier_bytes = 0;  // nothing holds a record after its read
+  auto b = ChunkStore::Open(ob);
+  ASSERT_TRUE(a.ok() && b.ok());
+  testing::RecordShape big;
+  big.n_layers = 4;
+  big.n_kv_heads = 4;
+  big.head_dim = 64;
+  big.n_tokens = 128;  // 512 KiB: over RecordBuffers::kMinBytes
+  std::vector<testing::TestRecord> recs;
+  std::vector<ChunkKey> keys;
+  for (int i = 0; i < 4; ++i) {
+    recs.push_back(MakeRecord(7000 + i, big));
+    keys.push_back(recs.back().key);
+    ASSERT_EQ(*(*a)->Put(recs.back().key, recs.back().bytes), PutResult::kStored);
+  }
+  EXPECT_TRUE((*a)->DrainRemoteWrites(std::chrono::seconds(20)).empty());
+  RecordBuffers::Default().Trim(0);
+  std::set<const char*> first;
+  {
+    auto got = (*b)->MultiGet(keys);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      ASSERT_TRUE(got[i].ok() && got[i]->status == GetStatus::kFound) << i;
+      ASSERT_TRUE(got[i]->from_remote);
+      EXPECT_EQ(got[i]->value->bytes(), recs[i].bytes);
+      first.insert(got[i]->value->bytes().data());
+    }
+  }
+  // The local fills hold the records until written (the fill thread lets go
+  // of its last one just after the queue is empty); then they go back.
+  ASSERT_TRUE((*b)->WaitForLocalFills(std::chrono::seconds(20)));
+  for (auto until = Clock::now() + std::chrono::seconds(10);
+       RecordBuffers::Default().stats().cached_buffers < keys.size() && Clock::now() < until;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(RecordBuffers::Default().stats().cached_buffers, keys.size());
+  for (const ChunkKey& k : keys) ASSERT_TRUE((*b)->Delete(k).ok());  // local copies only
+  const uint64_t reused0 = RecordBuffers::Default().stats().reused;
+  auto again = (*b)->MultiGet(keys);
+  EXPECT_EQ(RecordBuffers::Default().stats().reused - reused0, keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(again[i].ok() && again[i]->status == GetStatus::kFound) << i;
+    ASSERT_TRUE(again[i]->from_remote);
+    EXPECT_EQ(again[i]->value->bytes(), recs[i].bytes);
+    EXPECT_EQ(first.count(again[i]->value->bytes().data()), 1u) << "record " << i;
+  }
 }
 
 TEST(SharedTierTest, CorruptAndForeignValuesAreMissesAndGetOverwritten) {
