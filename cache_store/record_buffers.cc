@@ -13,31 +13,28 @@ RecordBuffers& RecordBuffers::Default() {
 RecordBuffers::RecordBuffers(size_t retain_bytes) : retain_bytes_(retain_bytes) {}
 
 std::string RecordBuffers::Take(size_t n) {
-  if (n >= kMinBytes) {
-    std::string kept;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = kept_.lower_bound(n);
-      if (it != kept_.end() && it->first <= n + n / 4) {
-        kept = std::move(it->second);
-        stats_.cached_bytes -= it->first;
-        --stats_.cached_buffers;
-        kept_.erase(it);
-        ++stats_.reused;
-        stats_.reused_bytes += n;
-      } else {
-        ++stats_.fresh;
-        stats_.fresh_bytes += n;
-      }
-    }
-    if (kept.capacity() >= n) {
-      // Kept buffers are stored at size == capacity (Give), so this only
-      // shortens the string: nothing is written.
-      kept.resize(n);
-      return kept;
+  if (n < kMinBytes) return std::string(n, '\0');
+  std::string kept;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = kept_.lower_bound(n);
+    if (it != kept_.end() && it->first <= n + n / 4) {
+      kept = std::move(it->second);
+      stats_.cached_bytes -= it->first;
+      --stats_.cached_buffers;
+      kept_.erase(it);
+      ++stats_.reused;
+      stats_.reused_bytes += n;
+    } else {
+      ++stats_.fresh;
+      stats_.fresh_bytes += n;
     }
   }
-  return std::string(n, '\0');
+  if (kept.empty()) return std::string(n, '\0');  // fresh: zero-filled, outside the lock
+  // Kept buffers are stored at size == capacity (Give), so this only
+  // shortens the string: nothing is written.
+  kept.resize(n);
+  return kept;
 }
 
 void RecordBuffers::Give(std::string&& buffer) {

@@ -482,7 +482,6 @@ std::vector<absl::StatusOr<RedisReply>> RedisCluster::Impl::Pipeline(
   // RedisClusterOptions::max_pipeline_depth: the first command alone; after
   // a small reply up to pipeline_depth_ in flight, after a large one only
   // one, so the node never holds the replies of many large values at once.
-  size_t depth = 1;
   send_until(std::min<size_t>(items.size(), 1));
   RespReader reader(c, addr);
   for (size_t k = 0; k < items.size(); ++k) {
@@ -504,7 +503,7 @@ std::vector<absl::StatusOr<RedisReply>> RedisCluster::Impl::Pipeline(
       out.push_back(broken);
       continue;
     }
-    depth = reply.str.size() >= options_.large_reply_bytes ? 1 : pipeline_depth_;
+    const size_t depth = reply.str.size() >= options_.large_reply_bytes ? 1 : pipeline_depth_;
     out.push_back(std::move(reply));
     if (sent < items.size()) send_until(std::min(items.size(), k + 1 + depth));
   }
