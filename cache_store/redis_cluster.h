@@ -72,16 +72,18 @@ struct RedisClusterOptions {
   int max_idle_per_node = 8;
   // Nodes read at once by one call (one pipeline each; the calling thread
   // runs one of them). 0 = every node the call touches. On the 2-core VM
-  // with 3 loopback masters, 8 records of 6 MiB: 2.7-3.5 GB/s all at once,
-  // 2.8-3.0 GB/s one node after another (remote_bench prints both).
+  // with 3 loopback masters, 8 records of 6 MiB: 2.8-3.8 GB/s all at once,
+  // 2.3-2.7 GB/s one node after another (remote_bench prints both;
+  // bench_out/final/remote5-7.txt).
   int max_parallel_nodes = 0;
   // Commands in flight on one connection: the first alone, then up to this
   // many while replies are small, and one at a time once a reply of
   // `large_reply_bytes` or more came back (the next command is sent as each
   // reply arrives). Redis 7.0 builds the replies of everything in flight
   // before it writes them; with two or more values of megabytes in flight
-  // its throughput collapses (3 loopback masters, 8 records of 6 MiB: 0.77
-  // GB/s pipelined, 2.4-2.5 GB/s one in flight; remote_bench).
+  // its throughput collapses (3 loopback masters, 8 records of 6 MiB: 0.67-
+  // 0.75 GB/s as whole pipelines, 2.8-3.8 GB/s with this flow control;
+  // bench_out/final/remote2,4 vs remote5-7.txt).
   int max_pipeline_depth = 16;
   size_t large_reply_bytes = size_t{256} << 10;
 };
