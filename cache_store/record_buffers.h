@@ -5,7 +5,7 @@
 // Between queries the heap's free memory is taken by other work (the local
 // fill's RocksDB memtable and write batches) or handed back to the OS by
 // the server's idle trim, so every fetch faulted its records in again and
-// zero-filled them first: 8 records of 6 MiB faulted 34-52 MiB on a warm
+// zero-filled them first: 8 records of 6 MiB faulted 52 MiB on a warm
 // server, and the fetch took 68 ms against 10 ms for the same records from
 // RocksDB (remote_bench). The cluster reader (redis_cluster.cc) reads a
 // large value into a buffer from Take(); the record made from it
