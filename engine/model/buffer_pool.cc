@@ -58,7 +58,15 @@ void* LargeBufferPool::MapBlock(size_t bytes) const {
   return block;
 }
 
+#if INFOFLOW_TORCH_ALLOCATOR_V2
+void LargeBufferPool::copy_data(void* dest, const void* src, size_t count) const {
+  default_copy_data(dest, src, count);
+}
+
+c10::DataPtr LargeBufferPool::allocate(size_t n) {
+#else
 c10::DataPtr LargeBufferPool::allocate(size_t n) const {
+#endif
   const c10::Device cpu(c10::DeviceType::CPU);
   if (n == 0) return {nullptr, nullptr, &DeleteRaw, cpu};
   if (n < options_.min_bytes) {

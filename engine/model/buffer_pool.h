@@ -80,7 +80,14 @@ class LargeBufferPool final : public c10::Allocator {
 
   // c10::Allocator. 64-byte aligned, like torch's default CPU allocator;
   // contents are uninitialised. Throws c10::Error when the OS refuses memory.
+  // libtorch 2.x made allocate non-const and added copy_data (a memcpy here);
+  // CMake detects which interface the libtorch in use has.
+#if INFOFLOW_TORCH_ALLOCATOR_V2
+  c10::DataPtr allocate(size_t n) override;
+  void copy_data(void* dest, const void* src, size_t count) const override;
+#else
   c10::DataPtr allocate(size_t n) const override;
+#endif
   c10::DeleterFnPtr raw_deleter() const override;
 
   // Unmaps cached blocks, least recently freed first, until at most `keep_bytes` stay

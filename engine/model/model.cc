@@ -157,8 +157,12 @@ at::Tensor Model::Attention(const at::Tensor& q, const at::Tensor& k, const at::
   // rows: blocks stay cache-friendly and out of mmap'd allocations, whose
   // page faults cost more than the matmuls on small VMs. Measured on 2
   // cores, 2048-token prefill: 1M 1048 ms, 2M ~860 ms, 4M 1068 ms, 8M 1594 ms.
+  // On a GPU each block costs ~10 kernel launches and the caching allocator
+  // reuses memory, so blocks are 64x larger (512 MB of f32 scores): at 32K
+  // keys and 32 heads that is 256 rows per block, not 2.
+  const int64_t score_elements = q.device().is_cpu() ? int64_t{2} << 20 : int64_t{128} << 20;
   const int64_t block =
-      std::max<int64_t>(1, (int64_t{2} << 20) / std::max<int64_t>(1, n_heads * n_keys));
+      std::max<int64_t>(1, score_elements / std::max<int64_t>(1, n_heads * n_keys));
   at::Tensor q_pos_cpu, k_pos_cpu;
   if (keys_sorted) {
     q_pos_cpu = q_pos.cpu().contiguous();

@@ -7,6 +7,7 @@
 //   engine_bench [--threads N] [--tokens 2048] [--context 4096] [--chunks 8]
 //                [--model DIR] [--reps 3] [--sections attention,prefill,methods,codecs,decode]
 //                [--methods FULL,INFOFLOW,...] [--attention blocked|materialised]
+//                [--device cpu|cuda[:N]] [--dtype auto|f32|bf16|f16]
 //
 // --sections picks what runs (default: all), --methods which method rows
 // (first word of the row name; default: all), --attention which prefill /
@@ -23,6 +24,13 @@
 //
 // Without --model it writes a generated 6-layer, 512-wide LLaMA (GQA 8/4,
 // SwiGLU 1408) to a temp dir. Prints one table; ratios are from this run.
+//
+// --device cuda (a CUDA libtorch; deploy/gpu-engine-check.sh) runs the
+// matmul peak, prefill and methods sections on the GPU; chunk KVs then stay
+// in GPU memory (a GPU-resident cache tier: no host-to-device copy in TTFT).
+// The attention, codecs and decode sections are CPU measurements and are
+// skipped there. Each timed call ends in a device-to-host read (the sampled
+// token, or one element of the output), so GPU work is inside the time.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -53,16 +61,22 @@ using bench::PrefillFlops;
 using bench::TokenLayerFlops;
 
 // at::mm GFLOP/s of [m, k] x [k, n], median of `reps` runs.
-double MatmulGflops(int64_t m, int64_t k, int64_t n, int reps) {
-  at::Tensor a = at::randn({m, k}), b = at::randn({k, n});
-  at::mm(a, b);  // warm up
-  const double ms = MedianMs(reps, [&] { at::mm(a, b); });
+// Waits for the work that produces `t` (a no-op on the CPU, where ops are
+// synchronous): reads one element back to the host.
+void WaitFor(const at::Tensor& t) {
+  if (!t.device().is_cpu()) (void)t.reshape({-1})[0].item();
+}
+
+double MatmulGflops(int64_t m, int64_t k, int64_t n, int reps, const at::TensorOptions& opts) {
+  at::Tensor a = at::randn({m, k}, opts), b = at::randn({k, n}, opts);
+  WaitFor(at::mm(a, b));  // warm up
+  const double ms = MedianMs(reps, [&] { WaitFor(at::mm(a, b)); });
   return 2.0 * m * k * n / (ms * 1e6);
 }
 
 // The best at::mm rate of this run: 1024^3 and the model's projection shapes
 // (fused QKV, o_proj, gate/up, down) over 2048 rows. Prints each.
-double MatmulPeakGflops(const ModelConfig& c, int reps) {
+double MatmulPeakGflops(const ModelConfig& c, int reps, const at::TensorOptions& opts) {
   const int64_t d = c.hidden_size, q_width = c.num_attention_heads * c.head_dim,
                 qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim,
                 ff = c.intermediate_size, rows = 2048;
@@ -76,7 +90,7 @@ double MatmulPeakGflops(const ModelConfig& c, int reps) {
   double best = 0;
   std::printf("at::mm GFLOP/s:");
   for (const Shape& s : shapes) {
-    const double g = MatmulGflops(s.m, s.k, s.n, reps * 3);
+    const double g = MatmulGflops(s.m, s.k, s.n, reps * 3, opts);
     std::printf(" %s [%lld,%lld]x[%lld,%lld] %.1f;", s.name, (long long)s.m, (long long)s.k,
                 (long long)s.k, (long long)s.n, g);
     best = std::max(best, g);
@@ -114,6 +128,7 @@ int Main(int argc, char** argv) {
   int64_t tokens = 2048, context = 4096, decode_context = -1;
   bool decode_only = false;
   std::string dir, sections = "attention,prefill,methods,codecs,decode", methods, attention;
+  std::string device = "cpu", dtype = "auto";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string f = argv[i];
     if (f == "--threads") threads = std::atoi(argv[i + 1]);
@@ -127,11 +142,14 @@ int Main(int argc, char** argv) {
     else if (f == "--sections") sections = argv[i + 1];
     else if (f == "--methods") methods = argv[i + 1];
     else if (f == "--attention") attention = argv[i + 1];
+    else if (f == "--device") device = argv[i + 1];
+    else if (f == "--dtype") dtype = argv[i + 1];
     else {
       std::fprintf(stderr, "usage: engine_bench [--threads N] [--tokens N] [--context N] "
                            "[--chunks N] [--model DIR] [--reps N] [--decode-context N (default "
                            "--context)] [--decode-only true|false] [--sections LIST] "
-                           "[--methods LIST] [--attention blocked|materialised]\n");
+                           "[--methods LIST] [--attention blocked|materialised] "
+                           "[--device cpu|cuda[:N]] [--dtype auto|f32|bf16|f16]\n");
       return 2;
     }
   }
@@ -153,6 +171,17 @@ int Main(int argc, char** argv) {
     }
     return false;
   };
+  if (device != "cpu") {
+    // Only prefill and methods run on a GPU (the file comment says why).
+    std::string kept;
+    for (const char* s : {"prefill", "methods"}) {
+      if (sections.empty() || listed(sections, s)) kept += std::string(kept.empty() ? "" : ",") + s;
+    }
+    std::printf("--device %s: sections %s (attention, codecs and decode run only on cpu)\n",
+                device.c_str(), kept.c_str());
+    if (kept.empty()) return 0;
+    sections = kept;
+  }
   const bool run_methods = listed(sections, "methods"), run_codecs = listed(sections, "codecs");
   if (dir.empty()) {
     dir = (std::filesystem::temp_directory_path() / "infoflow-bench-model").string();
@@ -162,7 +191,8 @@ int Main(int argc, char** argv) {
     }
   }
   LoadOptions lo;
-  lo.device = "cpu";
+  lo.device = device;
+  lo.dtype = dtype;
   auto model = Model::Load(dir, lo);
   if (!model.ok()) {
     std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
@@ -177,9 +207,14 @@ int Main(int argc, char** argv) {
               (long long)m.config().intermediate_size, at::get_num_threads(),
               LoadedBlasLibrary().c_str());
 
-  std::printf("threads: math %d; attention kernel: %s\n", MathThreads(),
-              attention == "materialised" ? "materialised" : "blocked from 4096 pairs");
-  const double peak = MatmulPeakGflops(m.config(), reps);
+  std::printf("device %s, dtype %s; threads: math %d; attention kernel: %s\n",
+              m.device().str().c_str(), std::string(c10::toString(m.dtype())).c_str(),
+              MathThreads(),
+              !m.device().is_cpu()          ? "materialised in row blocks"
+              : attention == "materialised" ? "materialised"
+                                            : "blocked from 4096 pairs");
+  const double peak =
+      MatmulPeakGflops(m.config(), reps, at::TensorOptions().dtype(m.dtype()).device(m.device()));
 
   if (listed(sections, "attention")) {
     // 0. Attention alone, prefill-shaped: materialised vs blocked.
@@ -207,10 +242,12 @@ int Main(int argc, char** argv) {
   {
     KvCache warm(m.n_layers());
     PrefillTokens(m, Ids(64, 9, vocab), 0, &warm);
+    WaitFor(warm.values(m.n_layers() - 1));
   }
   const double prefill_ms = MedianMs(reps, [&] {
     KvCache cache(m.n_layers());
     PrefillTokens(m, prompt, 0, &cache);
+    WaitFor(cache.values(m.n_layers() - 1));
   });
   const double flops = PrefillFlops(m.config(), tokens);
   const double gflops = flops / (prefill_ms * 1e6);
