@@ -400,7 +400,11 @@ absl::StatusOr<c10::Device> ResolveDevice(const std::string& name) {
                                            "' requested but this libtorch has no CUDA");
     }
     try {
-      return c10::Device(name);
+      c10::Device device(name);
+      // "cuda" means cuda:0, as for "auto": a device with an index compares
+      // equal to the device its tensors report (found on the first GPU run).
+      if (!device.has_index()) device.set_index(0);
+      return device;
     } catch (const std::exception& e) {
       return absl::InvalidArgumentError("bad device '" + name + "': " + e.what());
     }
