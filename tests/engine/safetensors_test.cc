@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
@@ -164,8 +165,8 @@ class SafetensorsIoTest : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = MakeTempDir(); }
   void TearDown() override {
-    std::string cmd = "rm -rf '" + dir_ + "'";
-    (void)std::system(cmd.c_str());
+    std::error_code ec;  // best effort: a leftover temp dir fails nothing
+    std::filesystem::remove_all(dir_, ec);
   }
   std::string dir_;
 };
