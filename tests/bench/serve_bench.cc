@@ -34,6 +34,8 @@
 // certainly been trimmed; the bench leaves the period at its default): the
 // "idle" columns. The server's minor page faults during the warm and the
 // after-idle query are printed under each row (pages touched afresh).
+// ttft_runs.csv also keeps the first query's client TTFT of each pair, to
+// tell a back-to-back slowdown from run-to-run noise.
 //
 //   serve_bench [--out DIR] [--contexts 1024,2048,4096,8192] [--reps 5]
 //               [--threads N] [--model DIR] [--chunk-tokens 512]
@@ -504,7 +506,8 @@ int Main(int argc, char** argv) {
   std::ofstream runs_csv(out_dir + "/ttft_runs.csv");
   runs_csv << "context_target,context_tokens,method,run,ttft_ms,client_ttft_ms,fetch_ms,"
               "reposition_ms,score_ms,select_ms,reorder_ms,recompute_ms,prompt_ms,"
-              "first_token_ms,recomputed_tokens,inprocess_ttft_ms,idle_client_ttft_ms\n";
+              "first_token_ms,recomputed_tokens,inprocess_ttft_ms,idle_client_ttft_ms,"
+              "first_client_ttft_ms\n";
   std::ofstream sum_csv(out_dir + "/ttft_summary.csv");
   sum_csv << "context_target,context_tokens,method,reps,ttft_ms_median,ratio_to_full,"
              "client_ttft_ms_median,fetch_ms,reposition_ms,score_ms,select_ms,reorder_ms,"
@@ -540,6 +543,7 @@ int Main(int argc, char** argv) {
         // follow the previous rep's in-process run, a longer pause than
         // the server's trim period for every slow method).
         auto run = QueryOnce(c, k, m, question);
+        const double first_client_ms = run.ok() ? run->client_ms : NAN;
         const int64_t faults0 = MinorFaults(srv.pid());
         if (run.ok()) run = QueryOnce(c, k, m, question);
         const int64_t faults1 = MinorFaults(srv.pid());
@@ -596,7 +600,8 @@ int Main(int argc, char** argv) {
                  << run->ttft_ms << "," << run->client_ms;
         for (int i = 0; i < 8; ++i) runs_csv << "," << st[i];
         runs_csv << "," << recomputed << "," << *in << ","
-                 << (idle_client.empty() ? NAN : idle_client.back()) << "\n";
+                 << (idle_client.empty() ? NAN : idle_client.back()) << "," << first_client_ms
+                 << "\n";
       }
       const double med = Median(ttft);
       if (m.method == v1::METHOD_FULL) full = med;
