@@ -167,27 +167,33 @@ enum class ReadVerdict { kOk, kCorrupt, kWrongModel };
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<const ChunkValue>> ChunkValue::Create(
-    std::string bytes, DecodeOptions options) {
+absl::StatusOr<std::shared_ptr<const ChunkValue>> ChunkValue::Make(std::string bytes,
+                                                                   DecodeOptions options,
+                                                                   bool recycle) {
   // Decode only after the bytes sit at their final address: the record's
-  // views point into bytes_.
+  // views point into bytes_. A recycled buffer goes back even when the
+  // bytes do not decode (the destructor gives it back).
   std::shared_ptr<ChunkValue> v(new ChunkValue());
   v->bytes_ = std::move(bytes);
+  v->recycle_bytes_ = recycle;
   absl::StatusOr<KvRecord> rec = DecodeRecord(v->bytes_, options);
   if (!rec.ok()) return rec.status();
   v->record_ = *std::move(rec);
   return std::shared_ptr<const ChunkValue>(std::move(v));
 }
 
-ChunkValue::~ChunkValue() {
-  // record_'s views into bytes_ are not read again: only destroyed.
-  if (recycle_bytes_) RecordBuffers::Default().Give(std::move(bytes_));
+absl::StatusOr<std::shared_ptr<const ChunkValue>> ChunkValue::Create(std::string bytes,
+                                                                     DecodeOptions options) {
+  return Make(std::move(bytes), options, /*recycle=*/false);
 }
 
 absl::StatusOr<std::shared_ptr<const ChunkValue>> ChunkValue::CreateRecycling(std::string bytes) {
-  absl::StatusOr<std::shared_ptr<const ChunkValue>> v = Create(std::move(bytes));
-  if (v.ok()) const_cast<ChunkValue*>(v->get())->recycle_bytes_ = true;
-  return v;
+  return Make(std::move(bytes), {}, /*recycle=*/true);
+}
+
+ChunkValue::~ChunkValue() {
+  // record_'s views into bytes_ are not read again: only destroyed.
+  if (recycle_bytes_) RecordBuffers::Default().Give(std::move(bytes_));
 }
 
 class ChunkStore::Impl {

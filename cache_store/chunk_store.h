@@ -186,9 +186,12 @@ class ChunkValue {
 
  private:
   ChunkValue() = default;
+  static absl::StatusOr<std::shared_ptr<const ChunkValue>> Make(std::string bytes,
+                                                                DecodeOptions options,
+                                                                bool recycle);
   std::string bytes_;
   KvRecord record_;
-  bool recycle_bytes_ = false;  // CreateRecycling
+  bool recycle_bytes_ = false;  // CreateRecycling: bytes_ go back to RecordBuffers
 };
 
 enum class GetStatus {

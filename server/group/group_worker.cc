@@ -144,6 +144,7 @@ absl::Status GroupWorker::Serve(GroupStore* control) {
       if (!Sleep(std::chrono::milliseconds(20))) return absl::OkStatus();
     }
     if (!go) continue;
+
     const GroupOptions o = GroupOptionsFor(config_, gen);
     absl::StatusOr<std::unique_ptr<SequenceParallelGroup>> joined = SequenceParallelGroup::Join(o);
     done_gen = gen;

@@ -175,7 +175,7 @@ int Main(int argc, char** argv) {
     // Only prefill and methods run on a GPU (the file comment says why).
     std::string kept;
     for (const char* s : {"prefill", "methods"}) {
-      if (sections.empty() || listed(sections, s)) kept += std::string(kept.empty() ? "" : ",") + s;
+      if (listed(sections, s)) kept += std::string(kept.empty() ? "" : ",") + s;
     }
     std::printf("--device %s: sections %s (attention, codecs and decode run only on cpu)\n",
                 device.c_str(), kept.c_str());
