@@ -356,14 +356,14 @@ int Main(int argc, char** argv) {
   Pair warm, idle;
   auto measure_pair = [&](Pair* p, int idle_ms) {
     if (idle_ms == 0) (void)query(c_disk, false);  // warm: a query right before
-    if (idle_ms > 0) usleep(idle_ms * 1000);
+    usleep(idle_ms * 1000);
     int64_t faults = bench::MinorFaults(s_disk->pid());
     v1::Report rep = query(c_disk, false);
     p->disk_faults.push_back(static_cast<double>(bench::MinorFaults(s_disk->pid()) - faults));
     p->disk.push_back(rep.ttft_ms());
     p->disk_stages.push_back(rep.stages());
     delete_local(*s_disk);  // a few ms: warm still means within the trim period
-    if (idle_ms > 0) usleep(idle_ms * 1000);
+    usleep(idle_ms * 1000);
     faults = bench::MinorFaults(s_disk->pid());
     rep = query(c_disk, false);
     p->cluster_faults.push_back(static_cast<double>(bench::MinorFaults(s_disk->pid()) - faults));
@@ -390,7 +390,7 @@ int Main(int argc, char** argv) {
     // with the next server's query.
     wait_fills(*s_ram, static_cast<double>(keys.size() * (r + 1)));
     measure_pair(&warm, 0);
-    measure_pair(&idle, idle_wait_ms);
+    if (idle_wait_ms > 0) measure_pair(&idle, idle_wait_ms);  // 0: no after-idle pair
     delete_local(*s_none);
     rep = query(c_none, true);
     ctx_tokens = rep.context_tokens();
