@@ -22,6 +22,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace infoflow {
 
@@ -245,19 +246,23 @@ absl::Status SequenceParallelGroup::Wait(std::unique_ptr<PendingExchange> holder
 
 absl::Status SequenceParallelGroup::BlameChain(int peer, bool timed_out,
                                                const std::string& what) {
+  // A record is "<peer> t" (timed out waiting on it) or "<peer> c" (lost the
+  // connection to it).
   auto key = [](int r) { return "infoflow_blame/" + std::to_string(r); };
   int culprit = peer;
   std::string via;
   try {
-    const std::string mine = std::to_string(peer);
+    const std::string mine = absl::StrCat(peer, timed_out ? " t" : " c");
     impl_->control->set(key(rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
-    // Only a timeout can be a wait on a rank that itself waits: a closed
-    // connection names the rank that went away.
+    // Followed for a closed connection too: a rank whose own wait failed
+    // breaks its connections (Gloo), so its peers may see a close from a
+    // rank that was itself waiting (a fresh-clone run saw exactly that). A
+    // rank that died records nothing and is named after the wait.
     const auto patience = std::min<std::chrono::milliseconds>(options_.timeout / 2,
                                                               std::chrono::milliseconds(2000));
     std::vector<bool> seen(static_cast<size_t>(world_size()), false);
     seen[static_cast<size_t>(rank())] = true;
-    while (timed_out && !seen[static_cast<size_t>(culprit)]) {
+    while (!seen[static_cast<size_t>(culprit)]) {
       seen[static_cast<size_t>(culprit)] = true;
       const auto until = std::chrono::steady_clock::now() + patience;
       bool recorded = false;
@@ -267,12 +272,14 @@ absl::Status SequenceParallelGroup::BlameChain(int peer, bool timed_out,
       }
       if (!recorded) break;  // it recorded nothing: stalled or gone
       const std::vector<uint8_t> v = impl_->control->get(key(culprit));
+      const std::vector<std::string> parts = absl::StrSplit(std::string(v.begin(), v.end()), ' ');
       int next = -1;
-      if (!absl::SimpleAtoi(std::string(v.begin(), v.end()), &next) || next < 0 ||
+      if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &next) || next < 0 ||
           next >= world_size() || next == rank()) {
         break;
       }
-      absl::StrAppend(&via, via.empty() ? "" : ", ", "rank ", culprit, " timed out on rank ",
+      absl::StrAppend(&via, via.empty() ? "" : ", ", "rank ", culprit,
+                      parts[1] == "t" ? " timed out on rank " : " lost its connection to rank ",
                       next);
       culprit = next;
     }

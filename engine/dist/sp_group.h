@@ -6,11 +6,12 @@
 // Every exchange is point to point (Gloo send/recv), even the collectives,
 // so a failure always names the peer it came from: a rank that died or
 // stalls makes the operation fail with UNAVAILABLE "rank R: ..." within the
-// group's timeout (plus a short wait, below), never hang. A rank that timed
-// out may have been waiting on a peer that itself waits on the stalled rank
-// (a ring): each rank that fails records in the group's store whom it
-// waited on, and a timed-out rank follows those records to the rank that
-// recorded nothing, which its error names (BlameChain). After the first
+// group's timeout (plus a short wait, below), never hang. The peer a rank
+// failed on may have been waiting on the stalled rank itself (a ring), and
+// a rank whose wait failed breaks its connections: each rank that fails
+// records in the group's store whom it waited on and how, and follows those
+// records to the rank that recorded nothing, which its error names
+// (BlameChain). After the first
 // failure the group is broken:
 // every later call fails at once with that error, and the owner must exit
 // (or rebuild the group with every rank again).
@@ -132,9 +133,10 @@ class SequenceParallelGroup {
   friend class PendingExchange;
 
   // The error for a failed wait on `peer` (`what` says how it failed).
-  // Records `peer` as this rank's blame in the store; after a timeout also
-  // follows the other ranks' records (each waited for up to half the group
-  // timeout, at most 2 s) to the rank that recorded none, and names it.
+  // Records `peer` (and whether this rank timed out on it or lost the
+  // connection) as this rank's blame in the store, then follows the other
+  // ranks' records (each waited for up to half the group timeout, at most
+  // 2 s) to the rank that recorded none, and names it.
   absl::Status BlameChain(int peer, bool timed_out, const std::string& what);
 
   // Posts sends to / receives from the given peers and returns the handle.
