@@ -24,8 +24,8 @@ def num(row, key):
 def main(paths):
     print("| context | method | TTFT ms | vs FULL | gRPC client ms | in-process ms | "
           "warm / in-proc | idle / in-proc | idle / in-proc after idle | "
-          "page faults warm / idle | fetch + repos ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "page faults warm / idle | fetch + repos ms | median per-run warm / in-proc |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for path in paths:
         with open(path, newline="") as f:
             for row in csv.DictReader(f):
@@ -39,7 +39,8 @@ def main(paths):
                 print(f"| {row['context_tokens']} | {row['method']} | "
                       f"{num(row, 'ttft_ms_median'):.1f} | {num(row, 'ratio_to_full'):.3f} | "
                       f"{warm:.1f} | {inproc:.1f} | {warm / inproc:.3f} | {idle / inproc:.3f} | "
-                      f"{idle / idle_in:.3f} | {faults} | {fr:.1f} |")
+                      f"{idle / idle_in:.3f} | {faults} | {fr:.1f} | "
+                      f"{1 + num(row, 'paired_grpc_overhead'):.3f} |")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@
 //     the same token lists;
 //  and, for 1., the service overhead: client-observed TTFT through gRPC vs the
 //  engine's RunQuery called in this process on the same chunk KVs, prompt and
-//  method (interleaved run by run);
+//  method (interleaved run by run, before and after the server's queries in
+//  turn); the per-stage times of both, and the median of the per-run ratios;
 //  3. concurrency, closed loop, INFOFLOW r=0.15 at --conc-context, at each
 //     of --streams, for two mixes in the same run: prefill-heavy
 //     (max_new_tokens 1) and decode-heavy (max_new_tokens --decode-tokens):
@@ -27,15 +28,16 @@
 //     idle spell longer than the trim period.
 //
 // In 1. each run sends the query twice back to back and reports the second
-// (warm: no pause before it), then runs the engine in-process on the same
-// inputs, then sends the same query once more after the server has been idle
-// for --idle-wait-ms (default 2500: the server's idle trimmer wakes once per
-// 1 s period and trims after a whole quiet period, so by 2 s the heap has
-// certainly been trimmed; the bench leaves the period at its default): the
-// "idle" columns. The server's minor page faults during the warm and the
-// after-idle query are printed under each row (pages touched afresh).
-// ttft_runs.csv also keeps the first query's client TTFT of each pair, to
-// tell a back-to-back slowdown from run-to-run noise.
+// (warm: no pause before it), runs the engine in-process on the same inputs
+// (after the pair in even runs, before it in odd ones), then sends the same
+// query once more after the server has been idle for --idle-wait-ms (default
+// 2500: the server's idle trimmer wakes once per 1 s period and trims after
+// a whole quiet period, so by 2 s the heap has certainly been trimmed; the
+// bench leaves the period at its default): the "idle" columns. The
+// server's minor page faults during the warm and the after-idle query are
+// printed under each row (pages touched afresh). ttft_runs.csv also keeps
+// the first query's client TTFT of each pair, to tell a back-to-back
+// slowdown from run-to-run noise.
 //
 //   serve_bench [--out DIR] [--contexts 1024,2048,4096,8192] [--reps 5]
 //               [--threads N] [--model DIR] [--chunk-tokens 512]
@@ -166,7 +168,12 @@ absl::StatusOr<Run> QueryOnce(client::Client& c, const std::vector<std::string>&
 // QueryOnce: [BOS] prefix, the chunk KVs, the rendered template, one token.
 // Returns ms from the call to the first token (what the server's TTFT covers,
 // minus fetching the chunks from the store and gRPC).
-absl::StatusOr<double> InProcessTtft(const Model& model, const Tokenizer& tok,
+struct InProcessRun {
+  double ttft_ms = 0;
+  StageTimings stages;  // the engine's own stage times, to set against the server's report
+};
+
+absl::StatusOr<InProcessRun> InProcessTtft(const Model& model, const Tokenizer& tok,
                                      const std::vector<std::shared_ptr<const ChunkKv>>& chunks,
                                      const MethodRow& m, const std::string& question) {
   QueryInput input;
@@ -189,7 +196,7 @@ absl::StatusOr<double> InProcessTtft(const Model& model, const Tokenizer& tok,
     return true;
   });
   if (!r.ok()) return r.status();
-  return ttft;
+  return InProcessRun{ttft, r->plan.timings};
 }
 
 // Line chart of median TTFT vs context, one line per method, log-scale y.
@@ -507,13 +514,15 @@ int Main(int argc, char** argv) {
   runs_csv << "context_target,context_tokens,method,run,ttft_ms,client_ttft_ms,fetch_ms,"
               "reposition_ms,score_ms,select_ms,reorder_ms,recompute_ms,prompt_ms,"
               "first_token_ms,recomputed_tokens,inprocess_ttft_ms,idle_client_ttft_ms,"
-              "first_client_ttft_ms\n";
+              "first_client_ttft_ms,inprocess_reposition_ms,inprocess_score_ms,"
+              "inprocess_recompute_ms,inprocess_prompt_ms\n";
   std::ofstream sum_csv(out_dir + "/ttft_summary.csv");
   sum_csv << "context_target,context_tokens,method,reps,ttft_ms_median,ratio_to_full,"
              "client_ttft_ms_median,fetch_ms,reposition_ms,score_ms,select_ms,reorder_ms,"
              "recompute_ms,prompt_ms,first_token_ms,recomputed_tokens,inprocess_ttft_ms_median,"
              "grpc_overhead,idle_client_ttft_ms_median,idle_grpc_overhead,"
-             "idle_inprocess_ttft_ms_median,warm_page_faults,idle_page_faults\n";
+             "idle_inprocess_ttft_ms_median,warm_page_faults,idle_page_faults,"
+             "paired_grpc_overhead\n";
   std::map<std::pair<int64_t, std::string>, double> ttft_median;
   for (int64_t context : ttft_section ? contexts : std::vector<int64_t>{}) {
     const std::vector<std::string> k = keys_for(context);
@@ -535,13 +544,21 @@ int Main(int argc, char** argv) {
         if (!wanted) continue;
       }
       std::vector<double> ttft, client_ms, inproc, idle_client, idle_fetch, idle_repos,
-          warm_faults, idle_faults, idle_inproc;
-      std::vector<std::vector<double>> stages(9);
+          warm_faults, idle_faults, idle_inproc, paired;
+      std::vector<std::vector<double>> stages(9), in_stages(4);
       int64_t ctx_tokens = 0, recomputed = 0;
       for (int r = -1; r < reps; ++r) {
+        // The engine in-process on the same inputs, right before or right
+        // after the server's pair, alternating run by run: whichever runs
+        // second shares the machine for a moment with what the first left
+        // behind (OpenBLAS threads spin briefly after a call), so neither
+        // side always gets that.
+        const bool inproc_first = r % 2 != 0;
+        absl::StatusOr<InProcessRun> in = absl::UnknownError("not run");
+        if (inproc_first) in = InProcessTtft(*model, **tok, kv_in, m, question);
         // Twice back to back: the second is the warm query (the first may
-        // follow the previous rep's in-process run, a longer pause than
-        // the server's trim period for every slow method).
+        // follow the in-process run or the previous rep's, a longer pause
+        // than the server's trim period for every slow method).
         auto run = QueryOnce(c, k, m, question);
         const double first_client_ms = run.ok() ? run->client_ms : NAN;
         const int64_t faults0 = MinorFaults(srv.pid());
@@ -552,14 +569,13 @@ int Main(int argc, char** argv) {
                        run.status().ToString().c_str());
           return 1;
         }
-        // The engine in-process on the same inputs, right after (same conditions).
-        auto in = InProcessTtft(*model, **tok, kv_in, m, question);
+        if (!inproc_first) in = InProcessTtft(*model, **tok, kv_in, m, question);
         if (!in.ok()) {
           std::fprintf(stderr, "in-process %s: %s\n", m.name.c_str(), in.status().ToString().c_str());
           return 1;
         }
         if (r < 0) continue;  // warm-up
-        inproc.push_back(*in);
+        inproc.push_back(in->ttft_ms);
         warm_faults.push_back(static_cast<double>(faults1 - faults0));
         if (idle_wait_ms > 0) {
           // The same query after an idle spell longer than the trim period.
@@ -585,7 +601,7 @@ int Main(int argc, char** argv) {
                          in_idle.status().ToString().c_str());
             return 1;
           }
-          idle_inproc.push_back(*in_idle);
+          idle_inproc.push_back(in_idle->ttft_ms);
         }
         const v1::StageTimings& s = run->report.stages();
         const double st[9] = {s.fetch_ms(),  s.reposition_ms(), s.score_ms(),
@@ -594,14 +610,19 @@ int Main(int argc, char** argv) {
         for (int i = 0; i < 8; ++i) stages[i].push_back(st[i]);
         ttft.push_back(run->ttft_ms);
         client_ms.push_back(run->client_ms);
+        paired.push_back(run->client_ms / in->ttft_ms);
+        const double in_st[4] = {in->stages.reposition_ms, in->stages.score_ms,
+                                 in->stages.recompute_ms, in->stages.prompt_ms};
+        for (int i = 0; i < 4; ++i) in_stages[i].push_back(in_st[i]);
         ctx_tokens = run->report.context_tokens();
         recomputed = run->report.recomputed_tokens();
         runs_csv << context << "," << ctx_tokens << "," << m.name << "," << r << ","
                  << run->ttft_ms << "," << run->client_ms;
         for (int i = 0; i < 8; ++i) runs_csv << "," << st[i];
-        runs_csv << "," << recomputed << "," << *in << ","
+        runs_csv << "," << recomputed << "," << in->ttft_ms << ","
                  << (idle_client.empty() ? NAN : idle_client.back()) << "," << first_client_ms
-                 << "\n";
+                 << "," << in->stages.reposition_ms << "," << in->stages.score_ms << ","
+                 << in->stages.recompute_ms << "," << in->stages.prompt_ms << "\n";
       }
       const double med = Median(ttft);
       if (m.method == v1::METHOD_FULL) full = med;
@@ -628,6 +649,12 @@ int Main(int argc, char** argv) {
                   idle_faults.empty() ? NAN : Median(idle_faults),
                   idle_faults.empty() ? NAN : Median(idle_faults) * 4096 / (1 << 20), idle_in,
                   idle_client.empty() ? NAN : Median(idle_client) / idle_in);
+      // The same stages timed inside the in-process engine: where a gap
+      // between the server and the engine comes from, stage by stage.
+      std::printf("%-26s in-process stages: repos %.1f score %.1f recompute %.1f prompt %.1f; "
+                  "median of per-run gRPC / in-process %.3f\n",
+                  "", Median(in_stages[0]), Median(in_stages[1]), Median(in_stages[2]),
+                  Median(in_stages[3]), Median(paired));
       std::fflush(stdout);
       if (m.method == v1::METHOD_INFOFLOW && !m.reorder) {
         std::printf("%-26s scoring pass = %.1f%% of TTFT\n", "", 100.0 * Median(stages[2]) / med);
@@ -638,7 +665,8 @@ int Main(int argc, char** argv) {
       sum_csv << "," << recomputed << "," << Median(inproc) << "," << overhead << ","
               << (idle_client.empty() ? NAN : Median(idle_client)) << "," << idle_overhead
               << "," << idle_in << "," << Median(warm_faults) << ","
-              << (idle_faults.empty() ? NAN : Median(idle_faults)) << "\n";
+              << (idle_faults.empty() ? NAN : Median(idle_faults)) << ","
+              << Median(paired) - 1.0 << "\n";
     }
   }
   if (ttft_section) WriteSvg(out_dir + "/ttft.svg", contexts, methods, ttft_median);
