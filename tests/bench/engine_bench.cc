@@ -6,6 +6,7 @@
 //
 //   engine_bench [--threads N] [--tokens 2048] [--context 4096] [--chunks 8]
 //                [--model DIR] [--reps 3] [--sections attention,prefill,methods,codecs,decode]
+//                (also: prefill_thread, not in the default)
 //                [--methods FULL,INFOFLOW,...] [--attention blocked|materialised]
 //                [--device cpu|cuda[:N]] [--dtype auto|f32|bf16|f16]
 //
@@ -36,6 +37,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -255,6 +259,69 @@ int Main(int argc, char** argv) {
               "matmul peak %.1f GFLOP/s; fraction of peak %.2f\n",
               (long long)tokens, prefill_ms, tokens / (prefill_ms / 1e3), flops / 1e9, gflops,
               peak, gflops / peak);
+  }
+
+  if (listed(sections, "prefill_thread")) {
+  // 1b. The same whole prefill on this (main) thread and on one long-lived
+  // second thread, alternating: the server prefills on its scheduler's
+  // thread, this bench and serve_bench's in-process side on the main thread
+  // (a 16K gap between them: docs/BENCHMARKS.md, ttft7).
+  const auto prompt = Ids(tokens, 1, vocab);
+  auto prefill_once = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    KvCache cache(m.n_layers());
+    PrefillTokens(m, prompt, 0, &cache);
+    WaitFor(cache.values(m.n_layers() - 1));
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+        .count();
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  int requested = 0, done = 0;
+  bool stop = false;
+  double worker_ms = 0;
+  std::thread worker([&] {
+    std::unique_lock<std::mutex> l(mu);
+    while (true) {
+      cv.wait(l, [&] { return stop || requested > done; });
+      if (stop) return;
+      l.unlock();
+      const double ms = prefill_once();
+      l.lock();
+      worker_ms = ms;
+      ++done;
+      cv.notify_all();
+    }
+  });
+  auto on_worker = [&] {
+    std::unique_lock<std::mutex> l(mu);
+    ++requested;
+    cv.notify_all();
+    cv.wait(l, [&] { return done == requested; });
+    return worker_ms;
+  };
+  on_worker();  // warm-up on both threads
+  prefill_once();
+  std::vector<double> main_ms, second_ms;
+  for (int r = 0; r < reps; ++r) {
+    if (r % 2 == 0) {
+      main_ms.push_back(prefill_once());
+      second_ms.push_back(on_worker());
+    } else {
+      second_ms.push_back(on_worker());
+      main_ms.push_back(prefill_once());
+    }
+  }
+  {
+    std::lock_guard<std::mutex> l(mu);
+    stop = true;
+  }
+  cv.notify_all();
+  worker.join();
+  std::printf("\nprefill %lld tokens, median of %d: main thread %.1f ms, second thread %.1f ms "
+              "(second / main %.3f)\n",
+              (long long)tokens, reps, bench::Median(main_ms), bench::Median(second_ms),
+              bench::Median(second_ms) / bench::Median(main_ms));
   }
 
   if (run_methods || run_codecs) {
