@@ -38,13 +38,13 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
-#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/blend/pipeline.h"
@@ -268,12 +268,11 @@ int Main(int argc, char** argv) {
   // (a 16K gap between them: docs/BENCHMARKS.md, ttft7).
   const auto prompt = Ids(tokens, 1, vocab);
   auto prefill_once = [&] {
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = NowMs();
     KvCache cache(m.n_layers());
     PrefillTokens(m, prompt, 0, &cache);
     WaitFor(cache.values(m.n_layers() - 1));
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-        .count();
+    return NowMs() - t0;
   };
   std::mutex mu;
   std::condition_variable cv;
