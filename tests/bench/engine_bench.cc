@@ -133,8 +133,24 @@ int Main(int argc, char** argv) {
   bool decode_only = false;
   std::string dir, sections = "attention,prefill,methods,codecs,decode", methods, attention;
   std::string device = "cpu", dtype = "auto";
-  for (int i = 1; i + 1 < argc; i += 2) {
+  auto usage = [](FILE* to) {
+    std::fprintf(to, "usage: engine_bench [--threads N] [--tokens N] [--context N] "
+                     "[--chunks N] [--model DIR] [--reps N] [--decode-context N (default "
+                     "--context)] [--decode-only true|false] [--sections LIST] "
+                     "[--methods LIST] [--attention blocked|materialised] "
+                     "[--device cpu|cuda[:N]] [--dtype auto|f32|bf16|f16]\n");
+  };
+  for (int i = 1; i < argc; i += 2) {
     std::string f = argv[i];
+    if (f == "--help" || f == "-h") {
+      usage(stdout);
+      return 0;
+    }
+    if (i + 1 >= argc) {  // a flag without its value
+      std::fprintf(stderr, "%s needs a value\n", f.c_str());
+      usage(stderr);
+      return 2;
+    }
     if (f == "--threads") threads = std::atoi(argv[i + 1]);
     else if (f == "--tokens") tokens = std::atoll(argv[i + 1]);
     else if (f == "--context") context = std::atoll(argv[i + 1]);
@@ -149,11 +165,8 @@ int Main(int argc, char** argv) {
     else if (f == "--device") device = argv[i + 1];
     else if (f == "--dtype") dtype = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: engine_bench [--threads N] [--tokens N] [--context N] "
-                           "[--chunks N] [--model DIR] [--reps N] [--decode-context N (default "
-                           "--context)] [--decode-only true|false] [--sections LIST] "
-                           "[--methods LIST] [--attention blocked|materialised] "
-                           "[--device cpu|cuda[:N]] [--dtype auto|f32|bf16|f16]\n");
+      std::fprintf(stderr, "unknown flag %s\n", f.c_str());
+      usage(stderr);
       return 2;
     }
   }
@@ -248,17 +261,26 @@ int Main(int argc, char** argv) {
     PrefillTokens(m, Ids(64, 9, vocab), 0, &warm);
     WaitFor(warm.values(m.n_layers() - 1));
   }
-  const double prefill_ms = MedianMs(reps, [&] {
+  std::vector<double> runs_ms;
+  for (int r = 0; r < reps; ++r) {
+    const double t0 = NowMs();
     KvCache cache(m.n_layers());
     PrefillTokens(m, prompt, 0, &cache);
     WaitFor(cache.values(m.n_layers() - 1));
-  });
+    runs_ms.push_back(NowMs() - t0);
+  }
+  const double prefill_ms = bench::Median(runs_ms);
   const double flops = PrefillFlops(m.config(), tokens);
   const double gflops = flops / (prefill_ms * 1e6);
   std::printf("\nprefill %lld tokens: %.1f ms, %.0f tokens/s, %.1f GFLOP (%.1f GFLOP/s); "
               "matmul peak %.1f GFLOP/s; fraction of peak %.2f\n",
               (long long)tokens, prefill_ms, tokens / (prefill_ms / 1e3), flops / 1e9, gflops,
               peak, gflops / peak);
+  // Every run, so that a spread within one process can be told from one
+  // between processes (docs/BENCHMARKS.md, "16K").
+  std::printf("  runs ms:");
+  for (double ms : runs_ms) std::printf(" %.1f", ms);
+  std::printf("\n");
   }
 
   if (listed(sections, "prefill_thread")) {
