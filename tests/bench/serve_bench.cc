@@ -49,7 +49,12 @@
 //               [--rss-idle-ms 2500]
 //               [--sections ttft,concurrency,interference,bound,rss]
 //               [--server-arg --FLAG=VALUE ...] [--methods FULL,NONE,...]
+//               [--baseline inprocess|server]
 //
+// --baseline server replaces the in-process engine in 1. by a second server
+// started with the same binary, flags and model (an A/A run): its
+// "overhead" columns then say how far two identical processes differ on
+// this machine, the floor below which an in-process gap is noise.
 // --workers is passed to the server (--max-running on today's server; the
 // number of requests computing side by side on servers before the
 // scheduler). --ttft false skips 1. (and the in-process side of 2.).
@@ -284,6 +289,7 @@ int Main(int argc, char** argv) {
   std::string sections = "ttft,concurrency,interference,bound,rss";
   std::vector<std::string> extra_server_args;  // --server-arg, repeatable
   std::string method_filter;                    // --methods: empty = every row
+  bool baseline_server = false;                 // --baseline server: A/A against a second server
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     if (f == "--help" || f == "-h" || i + 1 >= argc) {
@@ -298,6 +304,8 @@ int Main(int argc, char** argv) {
                   "  [--sections ttft,concurrency,interference,bound,rss (a subset)]\n"
                   "  [--server-arg --FLAG=V (repeatable; passed to the server)]\n"
                   "  [--methods FULL,NONE,INFOFLOW,... (TTFT rows by name or first word)]\n"
+                  "  [--baseline inprocess|server (what the TTFT overhead is measured against;\n"
+                  "   server: a second identical server, the bench's own noise floor)]\n"
                   "--workers is passed to the server (--max-running; before the scheduler:\n"
                   "requests computing side by side). See the file comment for the sections.\n");
       return f == "--help" || f == "-h" ? 0 : 2;
@@ -327,6 +335,7 @@ int Main(int argc, char** argv) {
     else if (f == "--sections") sections = v;
     else if (f == "--server-arg") extra_server_args.push_back(v);
     else if (f == "--methods") method_filter = v;
+    else if (f == "--baseline" && (v == "inprocess" || v == "server")) baseline_server = v == "server";
     else {
       std::fprintf(stderr, "serve_bench: unknown flag %s (see --help)\n", f.c_str());
       return 2;
@@ -388,6 +397,27 @@ int Main(int argc, char** argv) {
               srv.address().c_str(), srv.pid(), Ms(Clock::now() - start_t0),
               info->name().c_str(), info->n_layers(), info->dtype().c_str(),
               info->device().c_str(), threads, workers);
+  // --baseline server: a second server of the same binary, flags and model
+  // stands where the in-process engine would. Its "overhead" is what two
+  // identical processes differ by on this machine: the floor under which an
+  // in-process gap cannot be told from noise.
+  std::unique_ptr<testing::ServerProcess> srv_b;
+  std::unique_ptr<client::Client> c_b;
+  if (baseline_server && ttft_section) {
+    fs::create_directories(data_dir + "/b");
+    srv_b = std::make_unique<testing::ServerProcess>(server_bin, model_dir, data_dir + "/b/kv",
+                                                     out_dir + "/server_b.log", server_args);
+    if (!srv_b->Start(&err, std::chrono::seconds(300))) {
+      std::fprintf(stderr, "serve_bench: baseline server: %s\n", err.c_str());
+      return 1;
+    }
+    client::ClientOptions cob;
+    cob.address = srv_b->address();
+    c_b = std::make_unique<client::Client>(cob);
+    std::printf("baseline: a second server %s (pid %d) with the same flags; the in-process "
+                "columns below are its client TTFT and report\n",
+                srv_b->address().c_str(), srv_b->pid());
+  }
 
   // ---- chunks: about chunk_tokens tokens each, enough for the largest context.
   auto tok = Tokenizer::FromFile(model_dir + "/tokenizer.json");
@@ -440,6 +470,16 @@ int Main(int argc, char** argv) {
     }
   }
   const double grpc_ms = Ms(Clock::now() - ig0);
+  if (c_b != nullptr) {
+    for (size_t i = 0; i < texts.size(); i += 4) {
+      v1::IngestRequest req;
+      for (size_t j = i; j < std::min(texts.size(), i + 4); ++j) req.add_chunks()->set_text(texts[j]);
+      if (auto r = c_b->Ingest(req); !r.ok()) {
+        std::fprintf(stderr, "baseline ingest: %s\n", r.status().ToString().c_str());
+        return 1;
+      }
+    }
+  }
   double inproc_ms = 0;
   int64_t inproc_tokens = 0;
   // The same model in this process, and the chunk KVs it prefills, for the
@@ -522,7 +562,7 @@ int Main(int argc, char** argv) {
              "recompute_ms,prompt_ms,first_token_ms,recomputed_tokens,inprocess_ttft_ms_median,"
              "grpc_overhead,idle_client_ttft_ms_median,idle_grpc_overhead,"
              "idle_inprocess_ttft_ms_median,warm_page_faults,idle_page_faults,"
-             "paired_grpc_overhead\n";
+             "paired_grpc_overhead,baseline\n";
   std::map<std::pair<int64_t, std::string>, double> ttft_median;
   for (int64_t context : ttft_section ? contexts : std::vector<int64_t>{}) {
     const std::vector<std::string> k = keys_for(context);
@@ -534,6 +574,21 @@ int Main(int argc, char** argv) {
                 "select", "reordr", "recompute", "prompt", "1st tok", "recomp", "in-proc",
                 "overhead", "idle cl.", "idle ovh", "i.fetch", "i.repos");
     double full = NAN;
+    // The run the server is measured against: the engine in this process,
+    // or (--baseline server) the same query through the second server.
+    auto baseline = [&](const MethodRow& m) -> absl::StatusOr<InProcessRun> {
+      if (c_b == nullptr) return InProcessTtft(*model, **tok, kv_in, m, question);
+      auto b = QueryOnce(*c_b, k, m, question);
+      if (!b.ok()) return b.status();
+      const v1::StageTimings& st = b->report.stages();
+      InProcessRun r;
+      r.ttft_ms = b->client_ms;
+      r.stages.reposition_ms = st.reposition_ms();
+      r.stages.score_ms = st.score_ms();
+      r.stages.recompute_ms = st.recompute_ms();
+      r.stages.prompt_ms = st.prompt_ms();
+      return r;
+    };
     for (const MethodRow& m : methods) {
       if (!method_filter.empty()) {
         const std::string first_word = m.name.substr(0, m.name.find(' '));
@@ -555,7 +610,7 @@ int Main(int argc, char** argv) {
         // side always gets that.
         const bool inproc_first = r % 2 != 0;
         absl::StatusOr<InProcessRun> in = absl::UnknownError("not run");
-        if (inproc_first) in = InProcessTtft(*model, **tok, kv_in, m, question);
+        if (inproc_first) in = baseline(m);
         // Twice back to back: the second is the warm query (the first may
         // follow the in-process run or the previous rep's, a longer pause
         // than the server's trim period for every slow method).
@@ -569,7 +624,7 @@ int Main(int argc, char** argv) {
                        run.status().ToString().c_str());
           return 1;
         }
-        if (!inproc_first) in = InProcessTtft(*model, **tok, kv_in, m, question);
+        if (!inproc_first) in = baseline(m);
         if (!in.ok()) {
           std::fprintf(stderr, "in-process %s: %s\n", m.name.c_str(), in.status().ToString().c_str());
           return 1;
@@ -595,7 +650,7 @@ int Main(int argc, char** argv) {
           // itself costs after idling (caches, clocks), with no server and
           // no heap trim involved.
           std::this_thread::sleep_for(std::chrono::milliseconds(idle_wait_ms));
-          auto in_idle = InProcessTtft(*model, **tok, kv_in, m, question);
+          auto in_idle = baseline(m);
           if (!in_idle.ok()) {
             std::fprintf(stderr, "in-process %s after idle: %s\n", m.name.c_str(),
                          in_idle.status().ToString().c_str());
@@ -669,7 +724,7 @@ int Main(int argc, char** argv) {
               << (idle_client.empty() ? NAN : Median(idle_client)) << "," << idle_overhead
               << "," << idle_in << "," << Median(warm_faults) << ","
               << (idle_faults.empty() ? NAN : Median(idle_faults)) << ","
-              << Median(paired) - 1.0 << "\n";
+              << Median(paired) - 1.0 << "," << (c_b != nullptr ? "server" : "inprocess") << "\n";
     }
   }
   if (ttft_section) WriteSvg(out_dir + "/ttft.svg", contexts, methods, ttft_median);
