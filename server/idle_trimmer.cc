@@ -4,7 +4,13 @@
 
 #if defined(__GLIBC__)
 #include <malloc.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #endif
+
+#include <cstdio>
+#include <cstring>
+#include <vector>
 
 namespace infoflow::server {
 
@@ -47,9 +53,30 @@ void IdleTrimmer::Loop() {
   }
 }
 
-uint64_t IdleTrimmer::HeapFreeBytes() {
+uint64_t IdleTrimmer::HeapTrimmableBytes() {
 #if defined(__GLIBC__)
-  return mallinfo2().fordblks;
+  const struct mallinfo2 mi = mallinfo2();
+  uintptr_t lo = 0, hi = 0;
+  if (FILE* f = std::fopen("/proc/self/maps", "r")) {
+    char line[512];
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+      if (std::strstr(line, "[heap]") == nullptr) continue;
+      unsigned long a = 0, b = 0;
+      if (std::sscanf(line, "%lx-%lx", &a, &b) == 2) lo = a, hi = b;
+      break;
+    }
+    std::fclose(f);
+  }
+  const size_t heap = hi - lo;
+  // mi.arena sums every arena's heap: more than [heap] means other arenas
+  // hold memory this count cannot see.
+  if (heap == 0 || mi.arena > heap + (size_t{1} << 20)) return mi.fordblks;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> resident((heap + page - 1) / page);
+  if (mincore(reinterpret_cast<void*>(lo), heap, resident.data()) != 0) return mi.fordblks;
+  uint64_t bytes = 0;
+  for (unsigned char r : resident) bytes += (r & 1) != 0 ? page : 0;
+  return bytes > mi.uordblks ? bytes - mi.uordblks : 0;
 #else
   return 0;
 #endif

@@ -47,9 +47,15 @@ class IdleTrimmer {
               std::chrono::milliseconds period, std::function<void()> before_trim = {},
               std::function<bool()> worth_trimming = {});
 
-  // Free bytes in the malloc heap (glibc's mallinfo2 fordblks; 0 elsewhere):
-  // what a trim could hand back.
-  static uint64_t HeapFreeBytes();
+  // Free bytes of the malloc heap that are still resident: what a trim
+  // would hand back now. With one malloc arena (the server's default) these
+  // are the main heap's resident pages (mincore over [heap]) minus the bytes
+  // in use, so pages an earlier trim already returned do not count again;
+  // glibc's own free count (mallinfo2 fordblks) keeps counting them, and a
+  // gate on it trimmed after every idle spell once the heap had ever held
+  // that much free (docs/DESIGN.md §15). With more arenas, or where the heap
+  // cannot be inspected, every free byte (fordblks). 0 on non-glibc builds.
+  static uint64_t HeapTrimmableBytes();
   ~IdleTrimmer();
   IdleTrimmer(const IdleTrimmer&) = delete;
   IdleTrimmer& operator=(const IdleTrimmer&) = delete;

@@ -27,6 +27,7 @@
 #include "cache_store/chunk_store.h"
 #include "cache_store/record_buffers.h"
 #include "engine/model/buffer_pool.h"
+#include "server/idle_trimmer.h"
 
 // Minimum stack for threads created with an explicit stack size. Why: the
 // Exposer runs on civetweb, and Debian's libcivetweb.so.1 creates its threads
@@ -150,10 +151,14 @@ class LiveCollector : public prometheus::Collectable {
     const struct mallinfo2 mi = mallinfo2();
     prometheus::MetricFamily heap;
     heap.name = "infoflow_process_heap_bytes";
-    heap.help = "glibc malloc heap bytes by state (in_use, free).";
+    heap.help =
+        "glibc malloc heap bytes by state (in_use; free; trimmable: free and still resident, "
+        "what the idle trim would return).";
     heap.type = prometheus::MetricType::Gauge;
-    for (auto [state, v] : {std::pair<const char*, size_t>{"in_use", mi.uordblks + mi.hblkhd},
-                            std::pair<const char*, size_t>{"free", mi.fordblks}}) {
+    for (auto [state, v] :
+         {std::pair<const char*, size_t>{"in_use", mi.uordblks + mi.hblkhd},
+          std::pair<const char*, size_t>{"free", mi.fordblks},
+          std::pair<const char*, size_t>{"trimmable", IdleTrimmer::HeapTrimmableBytes()}}) {
       prometheus::ClientMetric m;
       m.label.push_back({"state", state});
       m.gauge.value = static_cast<double>(v);

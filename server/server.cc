@@ -219,7 +219,7 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
     s->trimmer = std::make_unique<IdleTrimmer>(
         [sched] { return sched->idle(); }, [sched] { return sched->admitted(); },
         std::chrono::milliseconds(options.idle_trim_ms), nullptr,
-        [min_free] { return IdleTrimmer::HeapFreeBytes() >= min_free; });
+        [min_free] { return IdleTrimmer::HeapTrimmableBytes() >= min_free; });
   }
   store::RecordBuffers::Default().set_retain_bytes(
       static_cast<size_t>(options.record_buffer_retain_mb) << 20);

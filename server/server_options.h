@@ -66,8 +66,9 @@ struct ServerOptions {
   // Return freed heap memory to the OS once no request has run or waited
   // for this long (server/idle_trimmer.h); 0 = never.
   int idle_trim_ms = 1000;
-  // ...and only when at least this many MiB of the heap are free: a trim
-  // returns every free page, and a small free heap is the next query's.
+  // ...and only when at least this many MiB of the heap are free and still
+  // resident (IdleTrimmer::HeapTrimmableBytes): a trim returns every free
+  // page, and a small free heap is the next query's.
   int64_t idle_trim_min_free_mb = 64;
   // The engine's large-buffer pool keeps at most this many MiB of freed query
   // buffers resident for the next query, through idle trims too
