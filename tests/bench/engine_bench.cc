@@ -253,22 +253,25 @@ int Main(int argc, char** argv) {
                                            : int64_t{64} * 64);
   }
 
+  // One whole prefill of `tokens` tokens, in ms (sections 1 and 1b).
+  const auto prompt = Ids(tokens, 1, vocab);
+  auto prefill_once = [&] {
+    const double t0 = NowMs();
+    KvCache cache(m.n_layers());
+    PrefillTokens(m, prompt, 0, &cache);
+    WaitFor(cache.values(m.n_layers() - 1));
+    return NowMs() - t0;
+  };
+
   if (listed(sections, "prefill")) {
   // 1. Prefill throughput vs matmul peak.
-  const auto prompt = Ids(tokens, 1, vocab);
   {
     KvCache warm(m.n_layers());
     PrefillTokens(m, Ids(64, 9, vocab), 0, &warm);
     WaitFor(warm.values(m.n_layers() - 1));
   }
   std::vector<double> runs_ms;
-  for (int r = 0; r < reps; ++r) {
-    const double t0 = NowMs();
-    KvCache cache(m.n_layers());
-    PrefillTokens(m, prompt, 0, &cache);
-    WaitFor(cache.values(m.n_layers() - 1));
-    runs_ms.push_back(NowMs() - t0);
-  }
+  for (int r = 0; r < reps; ++r) runs_ms.push_back(prefill_once());
   const double prefill_ms = bench::Median(runs_ms);
   const double flops = PrefillFlops(m.config(), tokens);
   const double gflops = flops / (prefill_ms * 1e6);
@@ -288,14 +291,6 @@ int Main(int argc, char** argv) {
   // second thread, alternating: the server prefills on its scheduler's
   // thread, this bench and serve_bench's in-process side on the main thread
   // (a 16K gap between them: docs/BENCHMARKS.md, ttft7).
-  const auto prompt = Ids(tokens, 1, vocab);
-  auto prefill_once = [&] {
-    const double t0 = NowMs();
-    KvCache cache(m.n_layers());
-    PrefillTokens(m, prompt, 0, &cache);
-    WaitFor(cache.values(m.n_layers() - 1));
-    return NowMs() - t0;
-  };
   std::mutex mu;
   std::condition_variable cv;
   int requested = 0, done = 0;

@@ -449,35 +449,36 @@ int Main(int argc, char** argv) {
       return 1;
     }
   }
-  std::vector<std::string> keys;
-  int64_t grpc_tokens = 0;
-  const auto ig0 = Clock::now();
-  for (size_t i = 0; i < texts.size(); i += 4) {
-    v1::IngestRequest req;
-    for (size_t j = i; j < std::min(texts.size(), i + 4); ++j) req.add_chunks()->set_text(texts[j]);
-    auto r = c.Ingest(req);
-    if (!r.ok()) {
-      std::fprintf(stderr, "ingest: %s\n", r.status().ToString().c_str());
-      return 1;
-    }
-    for (const auto& res : r->results()) {
-      if (res.status() == v1::CHUNK_STATUS_ERROR) {
-        std::fprintf(stderr, "ingest: %s\n", res.error().c_str());
-        return 1;
-      }
-      keys.push_back(res.chunk_key());
-      grpc_tokens += res.n_tokens();
-    }
-  }
-  const double grpc_ms = Ms(Clock::now() - ig0);
-  if (c_b != nullptr) {
+  // Every text into one server, in batches of 4: the chunk keys and tokens.
+  auto ingest_all = [&](client::Client& to, std::vector<std::string>* keys_out,
+                        int64_t* tokens_out) -> absl::Status {
     for (size_t i = 0; i < texts.size(); i += 4) {
       v1::IngestRequest req;
       for (size_t j = i; j < std::min(texts.size(), i + 4); ++j) req.add_chunks()->set_text(texts[j]);
-      if (auto r = c_b->Ingest(req); !r.ok()) {
-        std::fprintf(stderr, "baseline ingest: %s\n", r.status().ToString().c_str());
-        return 1;
+      auto r = to.Ingest(req);
+      if (!r.ok()) return r.status();
+      for (const auto& res : r->results()) {
+        if (res.status() == v1::CHUNK_STATUS_ERROR) return absl::InternalError(res.error());
+        keys_out->push_back(res.chunk_key());
+        *tokens_out += res.n_tokens();
       }
+    }
+    return absl::OkStatus();
+  };
+  std::vector<std::string> keys;
+  int64_t grpc_tokens = 0;
+  const auto ig0 = Clock::now();
+  if (absl::Status st = ingest_all(c, &keys, &grpc_tokens); !st.ok()) {
+    std::fprintf(stderr, "ingest: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  const double grpc_ms = Ms(Clock::now() - ig0);
+  if (c_b != nullptr) {  // the same chunks, so the same keys
+    std::vector<std::string> keys_b;
+    int64_t tokens_b = 0;
+    if (absl::Status st = ingest_all(*c_b, &keys_b, &tokens_b); !st.ok()) {
+      std::fprintf(stderr, "baseline ingest: %s\n", st.ToString().c_str());
+      return 1;
     }
   }
   double inproc_ms = 0;
@@ -493,7 +494,9 @@ int Main(int argc, char** argv) {
   }
   std::unique_ptr<Model> model = *std::move(loaded);
   std::vector<std::shared_ptr<const ChunkKv>> kvs;
-  if (ttft_section) {
+  // The engine's side of the TTFT comparison, unless a second server is it.
+  const bool inprocess_baseline = ttft_section && c_b == nullptr;
+  if (inprocess_baseline) {
     (void)PrefillChunk(*model, ids[0], PrefixMode::kBos);  // warm-up
     const auto t0 = Clock::now();
     for (const auto& one : ids) {
@@ -508,7 +511,7 @@ int Main(int argc, char** argv) {
               static_cast<long long>(grpc_tokens), static_cast<long long>(grpc_tokens / texts.size()));
   std::printf("  gRPC Ingest (batches of 4, tokenize+prefill+store): %8.0f tokens/s (%.0f ms)\n",
               grpc_tokens / (grpc_ms / 1e3), grpc_ms);
-  if (ttft_section) {
+  if (inprocess_baseline) {
     std::printf("  in-process PrefillChunk:                            %8.0f tokens/s (%.0f ms)\n",
                 inproc_tokens / (inproc_ms / 1e3), inproc_ms);
     std::printf("  gRPC / in-process: %.2f\n", (grpc_tokens / grpc_ms) / (inproc_tokens / inproc_ms));
@@ -546,9 +549,9 @@ int Main(int argc, char** argv) {
     }
     return k;
   };
-  auto kvs_for = [&](int64_t context) {
-    return std::vector<std::shared_ptr<const ChunkKv>>(kvs.begin(),
-                                                       kvs.begin() + keys_for(context).size());
+  auto kvs_for = [&](int64_t context) {  // empty when a second server is the baseline
+    const size_t n = std::min(kvs.size(), keys_for(context).size());
+    return std::vector<std::shared_ptr<const ChunkKv>>(kvs.begin(), kvs.begin() + n);
   };
   std::ofstream runs_csv(out_dir + "/ttft_runs.csv");
   runs_csv << "context_target,context_tokens,method,run,ttft_ms,client_ttft_ms,fetch_ms,"
