@@ -49,16 +49,30 @@ def read_rows(path):
         return list(csv.DictReader(f))
 
 
+# The four client / in-process ratio columns, in the per-row table's order.
+COLUMNS = ("warm / in-process", "after idle / in-process",
+           "after idle / in-process after idle", "median of per-run warm / in-process")
+
+
 def ratios(row):
     """The four client / in-process ratios of one cell, by column name."""
     inproc = num(row, "inprocess_ttft_ms_median")
     idle = num(row, "idle_client_ttft_ms_median")
-    return {
-        "warm / in-process": num(row, "client_ttft_ms_median") / inproc,
-        "after idle / in-process": idle / inproc,
-        "after idle / in-process after idle": idle / num(row, "idle_inprocess_ttft_ms_median"),
-        "median of per-run warm / in-process": 1 + num(row, "paired_grpc_overhead"),
-    }
+    return dict(zip(COLUMNS, (
+        num(row, "client_ttft_ms_median") / inproc,
+        idle / inproc,
+        idle / num(row, "idle_inprocess_ttft_ms_median"),
+        1 + num(row, "paired_grpc_overhead"),
+    )))
+
+
+def pooled_ratios(paths):
+    """(run, context, method, column, ratio) for every finite ratio of every file."""
+    for run, path in enumerate(paths):
+        for row in read_rows(path):
+            for column, value in ratios(row).items():
+                if math.isfinite(value) and value > 0:
+                    yield run, int(row["context_target"]), row["method"], column, value
 
 
 def t975(df):
@@ -97,20 +111,15 @@ def print_rows(paths):
 def print_pooled(paths):
     # (context, column) -> run index -> log ratios of that run's cells
     cells = {}
-    for run, path in enumerate(paths):
-        for row in read_rows(path):
-            for column, value in ratios(row).items():
-                if math.isfinite(value) and value > 0:
-                    key = (int(row["context_target"]), column)
-                    cells.setdefault(key, {}).setdefault(run, []).append(math.log(value))
+    for run, context, _, column, value in pooled_ratios(paths):
+        cells.setdefault((context, column), {}).setdefault(run, []).append(math.log(value))
     print(f"Pooled over {len(paths)} runs: " + ", ".join(paths))
     print()
     print("| context | ratio | cells | geometric mean | 95% interval (cells) | sd of a cell | "
           "cells > 1.05 | per-run geometric means | 95% interval (runs) |")
     print("|---|---|---|---|---|---|---|---|---|")
-    order = list(ratios({}).keys())  # the columns in the per-row table's order
     for (context, column), by_run in sorted(cells.items(),
-                                            key=lambda kv: (kv[0][0], order.index(kv[0][1]))):
+                                            key=lambda kv: (kv[0][0], COLUMNS.index(kv[0][1]))):
         logs = [x for run in sorted(by_run) for x in by_run[run]]
         mean, low, high = interval(logs)
         sd = statistics.stdev(logs) if len(logs) > 1 else float("nan")
@@ -125,20 +134,15 @@ def print_pooled(paths):
 def print_pooled_cells(paths):
     # (context, method) -> column -> ratios, one per run that has the cell
     cells = {}
-    for path in paths:
-        for row in read_rows(path):
-            key = (int(row["context_target"]), row["method"])
-            for column, value in ratios(row).items():
-                if math.isfinite(value) and value > 0:
-                    cells.setdefault(key, {}).setdefault(column, []).append(value)
-    columns = list(ratios({}).keys())
+    for _, context, method, column, value in pooled_ratios(paths):
+        cells.setdefault((context, method), {}).setdefault(column, []).append(value)
     print()
-    print("| context | method | runs | " + " | ".join(columns) + " |")
-    print("|---|---|---|" + "---|" * len(columns))
+    print("| context | method | runs | " + " | ".join(COLUMNS) + " |")
+    print("|---|---|---|" + "---|" * len(COLUMNS))
     for (context, method), by_column in cells.items():
         runs = max(len(v) for v in by_column.values())
         parts = []
-        for column in columns:
+        for column in COLUMNS:
             v = by_column.get(column, [])
             if not v:
                 parts.append("")
