@@ -335,8 +335,13 @@ int Main(int argc, char** argv) {
     else if (f == "--sections") sections = v;
     else if (f == "--server-arg") extra_server_args.push_back(v);
     else if (f == "--methods") method_filter = v;
-    else if (f == "--baseline" && (v == "inprocess" || v == "server")) baseline_server = v == "server";
-    else {
+    else if (f == "--baseline") {
+      if (v != "inprocess" && v != "server") {
+        std::fprintf(stderr, "serve_bench: --baseline is inprocess or server, not %s\n", v.c_str());
+        return 2;
+      }
+      baseline_server = v == "server";
+    } else {
       std::fprintf(stderr, "serve_bench: unknown flag %s (see --help)\n", f.c_str());
       return 2;
     }
@@ -473,11 +478,15 @@ int Main(int argc, char** argv) {
     return 1;
   }
   const double grpc_ms = Ms(Clock::now() - ig0);
-  if (c_b != nullptr) {  // the same chunks, so the same keys
+  if (c_b != nullptr) {  // the same chunks, so the same keys: queries name them for both
     std::vector<std::string> keys_b;
     int64_t tokens_b = 0;
     if (absl::Status st = ingest_all(*c_b, &keys_b, &tokens_b); !st.ok()) {
       std::fprintf(stderr, "baseline ingest: %s\n", st.ToString().c_str());
+      return 1;
+    }
+    if (keys_b != keys) {
+      std::fprintf(stderr, "baseline ingest: the second server keyed the chunks differently\n");
       return 1;
     }
   }
