@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <numeric>
 #include <thread>
 #include <vector>
@@ -237,13 +239,54 @@ INFOFLOW_INLINE void AttendTile(const Packed& in, int64_t g, int64_t r0, float* 
 struct Item {
   int64_t g, r0;
 };
+
+// One thread's AttendTile scratch in a single page-aligned block, each array
+// starting on a 64-byte line. Why: as separate std::vectors the arrays landed
+// wherever the thread's malloc arena had room, 16-byte aligned, so the
+// 64-byte vector loads and stores of s and o could split cache lines, and
+// where they landed changed from call to call in a process with many threads
+// (the server) while it stayed put in a small one (the bench). Blocked
+// attention at 16K (hd 64, 2 threads) with the scratch 16 bytes past a line
+// took 1.3-3% longer than with it on the line (bench_out/final/experiments/
+// e11_scratch_alignment).
+class TileScratch {
+ public:
+  TileScratch(int64_t hd, int64_t lanes)
+      : s_floats_(kTileRows * kBlockKeys),
+        o_floats_(RoundUpToLine(kTileRows * hd)),
+        rmax_floats_(RoundUpToLine(kTileRows * lanes)) {
+    const size_t bytes =
+        (s_floats_ + o_floats_ + rmax_floats_ + 2 * RoundUpToLine(kTileRows)) * sizeof(float);
+    data_ = static_cast<float*>(std::aligned_alloc(kPage, (bytes + kPage - 1) / kPage * kPage));
+    if (data_ == nullptr) throw std::bad_alloc();
+  }
+  ~TileScratch() { std::free(data_); }
+  TileScratch(const TileScratch&) = delete;
+  TileScratch& operator=(const TileScratch&) = delete;
+
+  float* s() const { return data_; }
+  float* o() const { return s() + s_floats_; }
+  float* rmax() const { return o() + o_floats_; }
+  float* m() const { return rmax() + rmax_floats_; }
+  float* l() const { return m() + RoundUpToLine(kTileRows); }
+
+ private:
+  static constexpr size_t kPage = 4096;
+  static constexpr int64_t kLineFloats = 64 / sizeof(float);
+  static int64_t RoundUpToLine(int64_t floats) {
+    return (floats + kLineFloats - 1) / kLineFloats * kLineFloats;
+  }
+  const int64_t s_floats_, o_floats_, rmax_floats_;
+  float* data_ = nullptr;
+};
+
 template <typename V>
 INFOFLOW_INLINE void RunTiles(const Packed& in, const std::vector<Item>& items,
                               std::atomic<size_t>* next) {
-  std::vector<float> s(kTileRows * kBlockKeys), o(kTileRows * in.hd), m(kTileRows), l(kTileRows);
-  std::vector<float> rmax(kTileRows * kLanes<V>);
+  const TileScratch scratch(in.hd, kLanes<V>);
   for (size_t i; (i = next->fetch_add(1, std::memory_order_relaxed)) < items.size();) {
-    AttendTile<V>(in, items[i].g, items[i].r0, s.data(), o.data(), m.data(), l.data(), rmax.data());
+    AttendTile<V>(in, items[i].g, items[i].r0, scratch.s(), scratch.o(), scratch.m(), scratch.l(),
+                  scratch.rmax());
   }
 }
 
