@@ -247,7 +247,7 @@ struct Item {
 // where they landed changed from call to call in a process with many threads
 // (the server) while it stayed put in a small one (the bench). Blocked
 // attention at 16K (hd 64, 2 threads) with the scratch 16 bytes past a line
-// took 1.3-3% longer than with it on the line (bench_out/final/experiments/
+// took 1.4-3.3% longer than with it on the line (bench_out/final/experiments/
 // e11_scratch_alignment).
 class TileScratch {
  public:
