@@ -6,7 +6,7 @@
 //
 //   engine_bench [--threads N] [--tokens 2048] [--context 4096] [--chunks 8]
 //                [--model DIR] [--reps 3] [--sections attention,prefill,methods,codecs,decode]
-//                (also: prefill_thread, not in the default)
+//                (also: prefill_thread, prefill_child, not in the default)
 //                [--methods FULL,INFOFLOW,...] [--attention blocked|materialised]
 //                [--device cpu|cuda[:N]] [--dtype auto|f32|bf16|f16]
 //
@@ -34,12 +34,17 @@
 // token, or one element of the output), so GPU work is inside the time.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <mutex>
@@ -127,10 +132,71 @@ double AttentionMs(const ModelConfig& c, int64_t n, int reps) {
   return MedianMs(reps, [&] { Model::Attention(q, k, v, pos, pos, nullptr, true); });
 }
 
+// A copy of this binary in --prefill-child mode (section 1c), driven over
+// two pipes: Run() asks for one prefill and returns its ms (NaN if the child
+// died).
+struct ChildPrefill {
+  pid_t pid = -1;
+  FILE* to = nullptr;
+  FILE* from = nullptr;
+
+  double Run() {
+    std::fputs("go\n", to);
+    std::fflush(to);
+    char line[256];
+    while (std::fgets(line, sizeof line, from) != nullptr) {
+      if (std::strncmp(line, "ms ", 3) == 0) return std::atof(line + 3);
+    }
+    return NAN;
+  }
+  void Stop() {
+    std::fclose(to);  // EOF: the child returns
+    std::fclose(from);
+    int status = 0;
+    waitpid(pid, &status, 0);
+  }
+};
+
+ChildPrefill StartChildPrefill(const std::string& model_dir, int threads, int64_t tokens) {
+  ChildPrefill c;
+  int in[2], out[2];
+  if (pipe(in) != 0) return c;
+  if (pipe(out) != 0) {
+    close(in[0]);
+    close(in[1]);
+    return c;
+  }
+  std::vector<std::string> args = {
+      "/proc/self/exe", "--threads", std::to_string(threads), "--tokens", std::to_string(tokens),
+      "--model",        model_dir,   "--prefill-child",       "true"};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_addclose(&fa, in[1]);
+  posix_spawn_file_actions_addclose(&fa, out[0]);
+  const int rc = posix_spawn(&c.pid, "/proc/self/exe", &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(in[0]);
+  close(out[1]);
+  if (rc != 0) {
+    close(in[1]);
+    close(out[0]);
+    c.pid = -1;
+    return c;
+  }
+  c.to = fdopen(in[1], "w");
+  c.from = fdopen(out[0], "r");
+  return c;
+}
+
 int Main(int argc, char** argv) {
   int threads = 0, reps = 3, chunks = 8;
   int64_t tokens = 2048, context = 4096, decode_context = -1;
-  bool decode_only = false;
+  bool decode_only = false, prefill_child = false;
   std::string dir, sections = "attention,prefill,methods,codecs,decode", methods, attention;
   std::string device = "cpu", dtype = "auto";
   auto usage = [](FILE* to) {
@@ -164,6 +230,7 @@ int Main(int argc, char** argv) {
     else if (f == "--attention") attention = argv[i + 1];
     else if (f == "--device") device = argv[i + 1];
     else if (f == "--dtype") dtype = argv[i + 1];
+    else if (f == "--prefill-child") prefill_child = std::string(argv[i + 1]) == "true";
     else {
       std::fprintf(stderr, "unknown flag %s\n", f.c_str());
       usage(stderr);
@@ -231,7 +298,10 @@ int Main(int argc, char** argv) {
               : attention == "materialised" ? "materialised"
                                             : "blocked from 4096 pairs");
   const double peak =
-      MatmulPeakGflops(m.config(), reps, at::TensorOptions().dtype(m.dtype()).device(m.device()));
+      prefill_child
+          ? 0.0
+          : MatmulPeakGflops(m.config(), reps,
+                             at::TensorOptions().dtype(m.dtype()).device(m.device()));
 
   if (listed(sections, "attention")) {
     // 0. Attention alone, prefill-shaped: materialised vs blocked.
@@ -262,6 +332,17 @@ int Main(int argc, char** argv) {
     WaitFor(cache.values(m.n_layers() - 1));
     return NowMs() - t0;
   };
+
+  if (prefill_child) {
+    // The child of section 1c: one whole prefill per line on stdin, its time
+    // on stdout as "ms <value>"; EOF ends it.
+    char line[64];
+    while (std::fgets(line, sizeof line, stdin) != nullptr) {
+      std::printf("ms %.3f\n", prefill_once());
+      std::fflush(stdout);
+    }
+    return 0;
+  }
 
   if (listed(sections, "prefill")) {
   // 1. Prefill throughput vs matmul peak.
@@ -338,6 +419,48 @@ int Main(int argc, char** argv) {
               "(second / main %.3f)\n",
               (long long)tokens, reps, bench::Median(main_ms), bench::Median(second_ms),
               bench::Median(second_ms) / bench::Median(main_ms));
+  }
+
+  if (listed(sections, "prefill_child")) {
+  // 1c. The same whole prefill in this process and in a child process (this
+  // binary, same model and threads), alternating who goes first:
+  // serve_bench's in-process side runs in the parent and the server in a
+  // child, so this says how far two plain engine processes in those roles
+  // differ with no server code in either (the 16K FULL gap of issue #27:
+  // docs/BENCHMARKS.md).
+  ChildPrefill child = StartChildPrefill(dir, threads, tokens);
+  if (child.pid <= 0) {
+    std::fprintf(stderr, "prefill_child: could not start the child\n");
+    return 1;
+  }
+  child.Run();  // warm-up in both processes
+  prefill_once();
+  std::vector<double> parent_ms, child_ms, ratio;
+  std::printf("\nprefill %lld tokens, parent and child process, alternating:\n",
+              (long long)tokens);
+  for (int r = 0; r < reps; ++r) {
+    double p, c;
+    if (r % 2 == 0) {
+      p = prefill_once();
+      c = child.Run();
+    } else {
+      c = child.Run();
+      p = prefill_once();
+    }
+    parent_ms.push_back(p);
+    child_ms.push_back(c);
+    ratio.push_back(c / p);
+    std::printf("  run %d: parent %.1f ms, child %.1f ms, child / parent %.3f\n", r, p, c, c / p);
+    std::fflush(stdout);
+  }
+  child.Stop();
+  double log_sum = 0;
+  for (double x : ratio) log_sum += std::log(x);
+  std::printf("prefill %lld tokens, median of %d: parent %.1f ms, child %.1f ms (child / parent "
+              "%.3f; median per-run ratio %.3f, geometric mean %.3f)\n",
+              (long long)tokens, reps, bench::Median(parent_ms), bench::Median(child_ms),
+              bench::Median(child_ms) / bench::Median(parent_ms), bench::Median(ratio),
+              std::exp(log_sum / reps));
   }
 
   if (run_methods || run_codecs) {
