@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -50,6 +51,23 @@ int MathThreads() {
   return std::max(1, get != nullptr ? get() : at::get_num_threads());
 }
 
+bool ShortenBlasWorkerSpin() {
+  if (std::getenv("OPENBLAS_THREAD_TIMEOUT") != nullptr) return false;
+  // OpenBLAS reads its environment once, in its library constructor; these
+  // exported entry points re-read it and stop the workers, which the next
+  // threaded matmul starts again with the new timeout (what OpenBLAS itself
+  // does after a fork).
+  using VoidFn = void (*)();
+  using IntFn = int (*)();
+  const auto read_env = reinterpret_cast<VoidFn>(dlsym(RTLD_DEFAULT, "openblas_read_env"));
+  const auto shutdown = reinterpret_cast<IntFn>(dlsym(RTLD_DEFAULT, "blas_thread_shutdown_"));
+  if (read_env == nullptr || shutdown == nullptr) return false;
+  if (setenv("OPENBLAS_THREAD_TIMEOUT", "4", 0) != 0) return false;
+  read_env();
+  shutdown();
+  return true;
+}
+
 void InitTorchRuntime(int threads) {
   static std::once_flag once;
   std::call_once(once, [threads] {
@@ -61,6 +79,7 @@ void InitTorchRuntime(int threads) {
     // torch keeps one. Without OpenBLAS, torch gets them.
     const bool openblas = LoadedBlasLibrary().find("openblas") != std::string::npos;
     if (openblas) {
+      ShortenBlasWorkerSpin();
       if (threads > 0) SetBlasThreads(threads);
       at::set_num_threads(1);
     } else {

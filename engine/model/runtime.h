@@ -11,9 +11,22 @@ namespace infoflow {
 // one thread (the two pools on the same cores fight); otherwise torch's pool
 // gets `threads`. Must run before the first oneDNN op: raising it later
 // leaves bf16 kernels slow. Also installs the large-buffer pool as torch's
-// CPU allocator (buffer_pool.h, default options). Idempotent (the first call
-// wins).
+// CPU allocator (buffer_pool.h, default options), and makes OpenBLAS's idle
+// workers sleep at once instead of spinning (ShortenBlasWorkerSpin).
+// Idempotent (the first call wins).
 void InitTorchRuntime(int threads = 0);
+
+// When OpenBLAS is loaded and OPENBLAS_THREAD_TIMEOUT is not set: sets it to
+// 4 (OpenBLAS's minimum: its workers wait 2^4 cycles for new work, then
+// sleep) and restarts OpenBLAS's worker threads so they read it. By default
+// a worker spins on sched_yield for 2^28 cycles (about 0.1 s) after every
+// matmul, holding a core our own attention and decode threads need: measured
+// on 2 cores, batched decode steps of 8-16 requests 20-30% faster without the
+// spin, a 16K prefill 0-3% (docs/BENCHMARKS.md). Numerics are unchanged. A
+// value the user set (e.g. OPENBLAS_THREAD_TIMEOUT=28, OpenBLAS's default) is
+// left alone. Returns true when it changed the setting. Call before other
+// threads run matmuls.
+bool ShortenBlasWorkerSpin();
 
 // openblas_set_num_threads(threads) when OpenBLAS is loaded; false (and
 // nothing done) otherwise or for threads <= 0.

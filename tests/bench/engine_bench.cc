@@ -7,6 +7,7 @@
 //   engine_bench [--threads N] [--tokens 2048] [--context 4096] [--chunks 8]
 //                [--model DIR] [--reps 3] [--sections attention,prefill,methods,codecs,decode]
 //                (also: prefill_thread, prefill_child, not in the default)
+//                [--child-env NAME=VALUE ...] (prefill_child: set for the child only)
 //                [--methods FULL,INFOFLOW,...] [--attention blocked|materialised]
 //                [--device cpu|cuda[:N]] [--dtype auto|f32|bf16|f16]
 //
@@ -197,6 +198,7 @@ int Main(int argc, char** argv) {
   int threads = 0, reps = 3, chunks = 8;
   int64_t tokens = 2048, context = 4096, decode_context = -1;
   bool decode_only = false, prefill_child = false;
+  std::vector<std::string> child_env;  // NAME=VALUE set for section 1c's child only
   std::string dir, sections = "attention,prefill,methods,codecs,decode", methods, attention;
   std::string device = "cpu", dtype = "auto";
   auto usage = [](FILE* to) {
@@ -204,7 +206,10 @@ int Main(int argc, char** argv) {
                      "[--chunks N] [--model DIR] [--reps N] [--decode-context N (default "
                      "--context)] [--decode-only true|false] [--sections LIST] "
                      "[--methods LIST] [--attention blocked|materialised] "
-                     "[--device cpu|cuda[:N]] [--dtype auto|f32|bf16|f16]\n");
+                     "[--device cpu|cuda[:N]] [--dtype auto|f32|bf16|f16] "
+                     "[--child-env NAME=VALUE]...\n"
+                     "sections: attention,prefill,methods,codecs,decode (default), and "
+                     "prefill_thread, prefill_child\n");
   };
   for (int i = 1; i < argc; i += 2) {
     std::string f = argv[i];
@@ -231,6 +236,7 @@ int Main(int argc, char** argv) {
     else if (f == "--device") device = argv[i + 1];
     else if (f == "--dtype") dtype = argv[i + 1];
     else if (f == "--prefill-child") prefill_child = std::string(argv[i + 1]) == "true";
+    else if (f == "--child-env") child_env.push_back(argv[i + 1]);
     else {
       std::fprintf(stderr, "unknown flag %s\n", f.c_str());
       usage(stderr);
@@ -428,6 +434,17 @@ int Main(int argc, char** argv) {
   // child, so this says how far two plain engine processes in those roles
   // differ with no server code in either (the 16K FULL gap of issue #27:
   // docs/BENCHMARKS.md).
+  // Set after this process started, so only the child reads them at its start
+  // (e.g. OPENBLAS_THREAD_TIMEOUT, MALLOC_ARENA_MAX): an A/B of one setting.
+  for (const std::string& kv : child_env) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos) {
+      std::fprintf(stderr, "--child-env wants NAME=VALUE, not %s\n", kv.c_str());
+      return 2;
+    }
+    setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
+    std::printf("child environment: %s\n", kv.c_str());
+  }
   ChildPrefill child = StartChildPrefill(dir, threads, tokens);
   if (child.pid <= 0) {
     std::fprintf(stderr, "prefill_child: could not start the child\n");
