@@ -79,8 +79,10 @@ void InitTorchRuntime(int threads) {
     // torch keeps one. Without OpenBLAS, torch gets them.
     const bool openblas = LoadedBlasLibrary().find("openblas") != std::string::npos;
     if (openblas) {
-      ShortenBlasWorkerSpin();
+      // Threads first: OpenBLAS grows its pool in place, and the restart below
+      // then stops and restarts the whole pool.
       if (threads > 0) SetBlasThreads(threads);
+      ShortenBlasWorkerSpin();
       at::set_num_threads(1);
     } else {
       at::set_num_threads(threads > 0 ? threads

@@ -25,7 +25,7 @@ void InitTorchRuntime(int threads = 0);
 // spin, a 16K prefill 0-3% (docs/BENCHMARKS.md). Numerics are unchanged. A
 // value the user set (e.g. OPENBLAS_THREAD_TIMEOUT=28, OpenBLAS's default) is
 // left alone. Returns true when it changed the setting. Call before other
-// threads run matmuls.
+// threads run matmuls, and after SetBlasThreads (InitTorchRuntime does both).
 bool ShortenBlasWorkerSpin();
 
 // openblas_set_num_threads(threads) when OpenBLAS is loaded; false (and
