@@ -618,8 +618,9 @@ int Main(int argc, char** argv) {
         // The engine in-process on the same inputs, right before or right
         // after the server's pair, alternating run by run: whichever runs
         // second shares the machine for a moment with what the first left
-        // behind (OpenBLAS threads spin briefly after a call), so neither
-        // side always gets that.
+        // behind (caches; OpenBLAS threads spinning, where
+        // OPENBLAS_THREAD_TIMEOUT is set long), so neither side always gets
+        // that.
         const bool inproc_first = r % 2 != 0;
         absl::StatusOr<InProcessRun> in = absl::UnknownError("not run");
         if (inproc_first) in = baseline(m);
