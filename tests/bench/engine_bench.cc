@@ -158,7 +158,9 @@ struct ChildPrefill {
   }
 };
 
-ChildPrefill StartChildPrefill(const std::string& model_dir, int threads, int64_t tokens) {
+// `flags` are the child's engine_bench flags (model, threads, tokens, and the
+// kernel, device and dtype the parent runs with); --prefill-child is added.
+ChildPrefill StartChildPrefill(std::vector<std::string> flags) {
   ChildPrefill c;
   int in[2], out[2];
   if (pipe(in) != 0) return c;
@@ -167,9 +169,9 @@ ChildPrefill StartChildPrefill(const std::string& model_dir, int threads, int64_
     close(in[1]);
     return c;
   }
-  std::vector<std::string> args = {
-      "/proc/self/exe", "--threads", std::to_string(threads), "--tokens", std::to_string(tokens),
-      "--model",        model_dir,   "--prefill-child",       "true"};
+  std::vector<std::string> args = {"/proc/self/exe"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  args.insert(args.end(), {"--prefill-child", "true"});
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -251,6 +253,7 @@ int Main(int argc, char** argv) {
     return 2;
   }
   if (decode_only) sections = "decode";
+  if (prefill_child) sections = "none";  // the child only answers prefill requests
   auto listed = [](const std::string& list, const std::string& name) {
     if (list.empty()) return true;
     size_t start = 0;
@@ -261,7 +264,7 @@ int Main(int argc, char** argv) {
     }
     return false;
   };
-  if (device != "cpu") {
+  if (device != "cpu" && !prefill_child) {
     // Only prefill and methods run on a GPU (the file comment says why).
     std::string kept;
     for (const char* s : {"prefill", "methods"}) {
@@ -445,7 +448,11 @@ int Main(int argc, char** argv) {
     setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
     std::printf("child environment: %s\n", kv.c_str());
   }
-  ChildPrefill child = StartChildPrefill(dir, threads, tokens);
+  std::vector<std::string> child_flags = {"--model", dir, "--threads", std::to_string(threads),
+                                          "--tokens", std::to_string(tokens), "--device", device,
+                                          "--dtype", dtype};
+  if (!attention.empty()) child_flags.insert(child_flags.end(), {"--attention", attention});
+  ChildPrefill child = StartChildPrefill(child_flags);
   if (child.pid <= 0) {
     std::fprintf(stderr, "prefill_child: could not start the child\n");
     return 1;
