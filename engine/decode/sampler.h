@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <random>
+#include <vector>
 
 namespace infoflow {
 
@@ -19,12 +20,22 @@ struct SamplingParams {
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
-  // `logits`: [vocab] or [1, vocab], any device/dtype.
+  // `logits`: [vocab] or [1, vocab], any device/dtype. Greedy is argmax. At
+  // temperature T, token i has weight exp((logit_i - max) / T); top_p < 1
+  // keeps the most likely tokens until their weight reaches top_p of the
+  // total (stable sort, ties to the lower id) and draws among them. top_p = 1
+  // draws over all tokens in id order without sorting: the same distribution
+  // at a fraction of the cost, which a decode step pays once per request.
   int32_t Sample(const at::Tensor& logits);
 
  private:
+  // One uniform draw over `p` (unnormalised weights summing to `total`).
+  int32_t DrawInIdOrder(const std::vector<double>& p, double total);
+
   SamplingParams params_;
   std::mt19937_64 rng_;
+  std::vector<double> weights_;  // scratch, kept to skip a per-token allocation
+  std::vector<int32_t> order_;
 };
 
 }  // namespace infoflow
