@@ -10,10 +10,10 @@
 #include <limits>
 #include <new>
 #include <numeric>
-#include <thread>
 #include <vector>
 
 #include "engine/model/float_vectors.h"
+#include "engine/model/helper_threads.h"
 #include "engine/model/yield_point.h"
 
 namespace infoflow {
@@ -32,10 +32,11 @@ constexpr int64_t kTileRows = 24;
 constexpr int64_t kBlockKeys = 256;
 
 // Below this many (row, key) pairs of work a call runs on the calling thread
-// alone. A started thread can wait milliseconds for a core: OpenBLAS's
-// threads spin on both cores for a while after each matmul (measured: a
+// alone. A started thread could wait milliseconds for a core while
+// OpenBLAS's threads still spun after each matmul (measured then: a
 // 64-token call took 0.12 ms on one thread, 3.7 ms with a helper; 2M pairs
-// is ~4 ms of one core's work).
+// is ~4 ms of one core's work). Not measured again since OpenBLAS's short
+// wait and the kept helpers (engine/model/helper_threads.h).
 constexpr int64_t kMinPairsForThreads = int64_t{2} << 20;
 
 // Per-ISA register blocking: the QK^T micro-kernel computes kQkRows rows x
@@ -465,12 +466,7 @@ at::Tensor BlockedAttentionImpl(const at::Tensor& q, const at::Tensor& k, const 
         work < kMinPairsForThreads
             ? 1
             : std::clamp<int64_t>(threads, 1, static_cast<int64_t>(items.size()));
-    std::vector<std::thread> helpers;
-    for (int64_t t = 1; t < n_threads; ++t) {
-      helpers.emplace_back(run, std::cref(in), std::cref(items), &next);
-    }
-    run(in, items, &next);
-    for (std::thread& t : helpers) t.join();
+    RunParts(static_cast<int>(n_threads), [&](int) { run(in, items, &next); });
   }
 
   // Back to [H, nq, hd] in the callers' query order.

@@ -6,9 +6,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <thread>
 
 #include "engine/model/float_vectors.h"
+#include "engine/model/helper_threads.h"
 
 namespace infoflow {
 namespace {
@@ -218,28 +218,25 @@ at::Tensor DecodeAttentionCpu(const at::Tensor& q_in, const at::Tensor& q_pos_in
                    op + g * group * out.stride(0) + b * hd, out.stride(0));
     }
   };
-  // Split the items into `threads` runs of about equal keys. A thread start
-  // costs tens of microseconds: only for enough work (16 requests x 200
+  // Split the items into `threads` runs of about equal keys. A part on a
+  // helper (engine/model/helper_threads.h) costs microseconds, tens when the
+  // helper has gone to sleep: only for enough work (16 requests x 200
   // keys x 8 heads is ~0.5 ms a layer on one core).
   const int64_t items = batch * n_kv;
   std::vector<int64_t> cum(items + 1, 0);
   for (int64_t i = 0; i < items; ++i) cum[i + 1] = cum[i] + keys[i / n_kv].size(1) + 16;
   const int64_t parts =
       cum[items] * group < kMinKeysPerThread ? 1 : std::min<int64_t>(std::max(threads, 1), items);
-  std::vector<std::thread> helpers;
-  int64_t begin = 0;
+  std::vector<int64_t> bounds = {0};
   for (int64_t p = 1; p <= parts; ++p) {
     const int64_t end = p == parts ? items
                                    : std::lower_bound(cum.begin(), cum.end(),
                                                       cum[items] * p / parts) - cum.begin();
-    if (p == parts) {
-      attend(begin, end);  // the last run on this thread
-    } else if (end > begin) {
-      helpers.emplace_back(attend, begin, end);
-    }
-    begin = std::max(begin, end);
+    bounds.push_back(std::max(bounds.back(), end));
   }
-  for (std::thread& t : helpers) t.join();
+  RunParts(static_cast<int>(parts), [&](int p) {
+    if (bounds[p + 1] > bounds[p]) attend(bounds[p], bounds[p + 1]);
+  });
   return out;
 }
 

@@ -13,6 +13,7 @@
 #include "engine/model/blocked_attention.h"
 #include "engine/model/decode_attention.h"
 #include "engine/model/runtime.h"
+#include "engine/model/small_batch_linear.h"
 #include "engine/model/yield_point.h"
 
 namespace infoflow {
@@ -215,16 +216,24 @@ at::Tensor Model::Attention(const at::Tensor& q, const at::Tensor& k, const at::
   return out.reshape({n_heads, n_q, hd});
 }
 
+at::Tensor Model::Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
+                         Matmul matmul) {
+  if (matmul == Matmul::kDecodeRows && SmallBatchLinearCpuSupports(x, w, bias)) {
+    return SmallBatchLinearCpu(x, w, bias, MathThreads());
+  }
+  return at::linear(x, w, bias);
+}
+
 Model::Qkv Model::ProjectQkv(int layer, const at::Tensor& h,
                              const std::pair<at::Tensor, at::Tensor>& rope,
-                             at::Tensor* unrotated_keys) const {
+                             at::Tensor* unrotated_keys, Matmul matmul) const {
   const LayerWeights& w = weights_.layers[layer];
   const int64_t n_q = h.size(0);
   const int64_t n_heads = config_.num_attention_heads, n_kv = config_.num_key_value_heads;
   const int64_t hd = config_.head_dim;
   const double eps = config_.rms_norm_eps;
   at::Tensor qkv = ByRowBlocks(n_q, [&](int64_t r0, int64_t n) {
-    return at::linear(RmsNorm(h.narrow(0, r0, n), w.attn_norm, eps), w.wqkv, w.bqkv);
+    return Linear(RmsNorm(h.narrow(0, r0, n), w.attn_norm, eps), w.wqkv, w.bqkv, matmul);
   });
   std::vector<at::Tensor> parts = qkv.split_with_sizes({n_heads * hd, n_kv * hd, n_kv * hd}, 1);
   at::Tensor q = parts[0].view({n_q, n_heads, hd});
@@ -242,20 +251,21 @@ Model::Qkv Model::ProjectQkv(int layer, const at::Tensor& h,
   return out;
 }
 
-at::Tensor Model::OutputAndMlp(int layer, const at::Tensor& h, const at::Tensor& attn) const {
+at::Tensor Model::OutputAndMlp(int layer, const at::Tensor& h, const at::Tensor& attn,
+                               Matmul matmul) const {
   const LayerWeights& w = weights_.layers[layer];
   const int64_t n_q = h.size(0);
   const int64_t width = config_.num_attention_heads * config_.head_dim;
   const double eps = config_.rms_norm_eps;
   at::Tensor attn_rows = attn.transpose(0, 1).reshape({n_q, width});
   return ByRowBlocks(n_q, [&](int64_t r0, int64_t n) {
-    at::Tensor attn_out = at::linear(attn_rows.narrow(0, r0, n), w.wo, w.bo);
+    at::Tensor attn_out = Linear(attn_rows.narrow(0, r0, n), w.wo, w.bo, matmul);
     if (w.post_attn_norm.defined()) attn_out = RmsNorm(attn_out, w.post_attn_norm, eps);
     at::Tensor out = h.narrow(0, r0, n) + attn_out;
     // SwiGLU MLP block: silu(gate) * up, gate the first half of the fused rows.
     at::Tensor x = RmsNorm(out, w.mlp_norm, eps);
-    std::vector<at::Tensor> gate_up = at::linear(x, w.w_gate_up).chunk(2, -1);
-    at::Tensor mlp_out = at::linear(at::silu(gate_up[0]) * gate_up[1], w.w_down);
+    std::vector<at::Tensor> gate_up = Linear(x, w.w_gate_up, {}, matmul).chunk(2, -1);
+    at::Tensor mlp_out = Linear(at::silu(gate_up[0]) * gate_up[1], w.w_down, {}, matmul);
     if (w.post_mlp_norm.defined()) mlp_out = RmsNorm(mlp_out, w.post_mlp_norm, eps);
     return out + mlp_out;
   });
@@ -287,12 +297,14 @@ at::Tensor Model::DecodeStep(const at::Tensor& tokens_in, const at::Tensor& posi
   auto rope = RopeTables(positions);  // one row per request: its own position
   at::Tensor h = Embed(tokens);       // [B, d]
   for (int l = 0; l < n_layers(); ++l) {
-    Qkv p = ProjectQkv(l, h, rope, nullptr);          // one matmul over the B rows
-    KvCache::WriteRows(l, caches, slots, p.k, p.v);   // row b into its own cache
-    at::Tensor attn = DecodeAttention(p.q, positions, caches, l);  // over its own cache only
-    h = OutputAndMlp(l, h, attn);                     // one matmul again
+    // One matmul over the B rows, K/V row b into its own cache, attention
+    // over its own cache only, one matmul again.
+    Qkv p = ProjectQkv(l, h, rope, nullptr, Matmul::kDecodeRows);
+    KvCache::WriteRows(l, caches, slots, p.k, p.v);
+    at::Tensor attn = DecodeAttention(p.q, positions, caches, l);
+    h = OutputAndMlp(l, h, attn, Matmul::kDecodeRows);
   }
-  return Logits(h);
+  return LogitsWith(h, Matmul::kDecodeRows);
 }
 
 at::Tensor Model::DecodeAttention(const at::Tensor& q, const at::Tensor& q_pos,
@@ -336,8 +348,12 @@ std::pair<at::Tensor, at::Tensor> Model::LayerKv(
 }
 
 at::Tensor Model::Logits(const at::Tensor& hidden) const {
-  return at::linear(RmsNorm(hidden, weights_.final_norm, config_.rms_norm_eps),
-                    weights_.lm_head)
+  return LogitsWith(hidden, Matmul::kBlas);
+}
+
+at::Tensor Model::LogitsWith(const at::Tensor& hidden, Matmul matmul) const {
+  return Linear(RmsNorm(hidden, weights_.final_norm, config_.rms_norm_eps), weights_.lm_head, {},
+                matmul)
       .to(at::kFloat);
 }
 

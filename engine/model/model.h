@@ -170,9 +170,11 @@ class Model {
   // distinct caches). The norms, QKV projection, o_proj, MLP and LM head run
   // as one matmul over the B rows; RoPE uses each row's own position; K/V go
   // to each request's own cache and each row attends over its own cache
-  // only. Returns logits [B, vocab] f32. Row b equals Forward of that token
-  // alone on caches[b] up to BLAS summation order (a matmul over B rows may
-  // sum in another order than over 1 row): within 1e-4, pinned by a test.
+  // only. Returns logits [B, vocab] f32. On the CPU in f32 (with AVX2 and
+  // FMA) the matmuls run SmallBatchLinearCpu, whose rows do not depend on each other: row b is
+  // bit-identical whichever requests share the step. Row b equals Forward
+  // of that token alone on caches[b] up to summation order (the kernel and
+  // BLAS sum in other orders): within 1e-4, pinned by a test.
   // Same thread-safety as Forward: the caches must not be used elsewhere.
   at::Tensor DecodeStep(const at::Tensor& tokens, const at::Tensor& positions,
                         const std::vector<KvCache*>& caches) const;
@@ -224,6 +226,13 @@ class Model {
                                     const std::vector<KvCache*>& caches, int layer);
 
  private:
+  // Which matmul runs the projections: BLAS (at::linear), or for a decode
+  // step's rows SmallBatchLinearCpu where it supports the operands (engine/
+  // model/small_batch_linear.h: reads the weights once per step, and a row's
+  // result does not depend on the other rows in its batch).
+  enum class Matmul { kBlas, kDecodeRows };
+  static at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
+                           Matmul matmul);
   // A layer's attention inputs for hidden states h [q, d]: RMSNorm, fused
   // QKV projection, Qwen3 q/k norms, RoPE. q [H, q, hd]; k (rotated), v
   // [Hkv, q, hd]. `unrotated_keys` (if non-null) gets K before RoPE.
@@ -231,11 +240,14 @@ class Model {
     at::Tensor q, k, v;
   };
   Qkv ProjectQkv(int layer, const at::Tensor& h, const std::pair<at::Tensor, at::Tensor>& rope,
-                 at::Tensor* unrotated_keys) const;
+                 at::Tensor* unrotated_keys, Matmul matmul = Matmul::kBlas) const;
   // The rest of a layer after attention: h + o_proj(attn), then the SwiGLU
   // MLP block (GLM-4: each block's output RMSNormed before its residual
   // add). attn [H, q, hd]; returns [q, d].
-  at::Tensor OutputAndMlp(int layer, const at::Tensor& h, const at::Tensor& attn) const;
+  at::Tensor OutputAndMlp(int layer, const at::Tensor& h, const at::Tensor& attn,
+                          Matmul matmul = Matmul::kBlas) const;
+  // Logits() with the given matmul for the LM head.
+  at::Tensor LogitsWith(const at::Tensor& hidden, Matmul matmul) const;
 
   ModelConfig config_;
   ModelWeights weights_;

@@ -58,6 +58,7 @@
 #include "engine/chunk/chunk_codec.h"
 #include "engine/chunk/chunk_prefill.h"
 #include "engine/model/runtime.h"
+#include "engine/model/small_batch_linear.h"
 #include "engine/model/test_model.h"
 #include "tests/bench/bench_util.h"
 
@@ -615,6 +616,31 @@ int Main(int argc, char** argv) {
   }  // run_methods || run_codecs
 
   if (!listed(sections, "decode")) return 0;
+
+  // 4a. One decode-step matmul, x [B, in] @ w^T for each of the model's
+  // weight shapes: BLAS (at::linear, which packs w on every call) against
+  // SmallBatchLinearCpu (reads w in place). Summed over one layer's four
+  // matmuls; the per-step total adds the LM head and multiplies by layers.
+  if (m.device().is_cpu() && m.dtype() == at::kFloat) {
+    const ModelConfig& c = m.config();
+    const int64_t d = c.hidden_size, hd = c.head_dim, ff = c.intermediate_size;
+    const std::vector<std::pair<int64_t, int64_t>> shapes = {
+        {d, (c.num_attention_heads + 2 * c.num_key_value_heads) * hd},
+        {c.num_attention_heads * hd, d},
+        {d, 2 * ff},
+        {ff, d}};
+    std::printf("\ndecode matmuls of one layer (qkv, o, gate_up, down; median of %d)\n", 8 * reps);
+    std::printf("%6s %10s %14s %9s\n", "batch", "BLAS ms", "in-place ms", "speedup");
+    for (int64_t batch : {1, 4, 8, 16, 32}) {
+      double blas = 0, in_place = 0;
+      for (auto [in, out] : shapes) {
+        at::Tensor x = at::randn({batch, in}), w = at::randn({out, in});
+        blas += MedianMs(8 * reps, [&] { (void)at::linear(x, w); });
+        in_place += MedianMs(8 * reps, [&] { (void)SmallBatchLinearCpu(x, w, {}, MathThreads()); });
+      }
+      std::printf("%6lld %10.3f %14.3f %9.2f\n", (long long)batch, blas, in_place, blas / in_place);
+    }
+  }
 
   // 4. Batched decode step: each of B requests has its own `context`-token
   // cache. Weights are read once per step; every request's K/V is read once

@@ -295,6 +295,44 @@ TEST_P(BatchDecode, YieldPointsSplitWorkWithoutChangingIt) {
   EXPECT_LE(d, 1e-4);
 }
 
+// A request's logits do not depend on which requests share its step: row
+// r of a step over all six requests is bit-identical to the same step for
+// r alone and to r in a batch of two (the decode matmuls read each row on
+// its own, engine/model/small_batch_linear.h). Server replies therefore do
+// not change with load.
+TEST_P(BatchDecode, RowsAreBitIdenticalWhicheverRequestsShareTheStep) {
+  const int vocab = static_cast<int>(model_->config().vocab_size);
+  const std::vector<int> prompt_lengths = {5, 37, 120, 1, 64, 9};
+  const int n = static_cast<int>(prompt_lengths.size());
+  std::vector<KvCache> base;
+  std::vector<int64_t> tok, pos;
+  for (int r = 0; r < n; ++r) {
+    base.emplace_back(model_->n_layers());
+    at::Tensor logits =
+        PrefillTokens(*model_, Ids(prompt_lengths[r], r, vocab), 0, &base.back()).logits;
+    tok.push_back(logits.argmax(-1).item<int64_t>());
+    pos.push_back(prompt_lengths[r]);
+  }
+  auto step = [&](const std::vector<int>& rows) {
+    std::vector<KvCache> caches;
+    std::vector<int64_t> t, p;
+    for (int r : rows) {
+      caches.push_back(base[r].Clone());
+      t.push_back(tok[r]);
+      p.push_back(pos[r]);
+    }
+    std::vector<KvCache*> ptrs;
+    for (KvCache& c : caches) ptrs.push_back(&c);
+    return model_->DecodeStep(at::tensor(t), at::tensor(p), ptrs);
+  };
+  at::Tensor all = step({0, 1, 2, 3, 4, 5});
+  for (int r = 0; r < n; ++r) {
+    EXPECT_TRUE(at::equal(all[r], step({r})[0])) << "request " << r << " alone";
+    EXPECT_TRUE(at::equal(all[r], step({(r + 3) % n, r})[1]))
+        << "request " << r << " second of two";
+  }
+}
+
 // DecodeState driven by batched steps generates what Decode generates alone.
 TEST_P(BatchDecode, DecodeStateBatchedEqualsDecodeAlone) {
   auto tok = Tokenizer::FromFile(testing::GeneratedModelDir(GetParam()) + "/tokenizer.json");
