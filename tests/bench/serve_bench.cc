@@ -22,7 +22,10 @@
 //  5. decode-bound batching: at each of --streams, every stream asks
 //     --bound-tokens new tokens (temperature 1) over one short stored chunk
 //     (~--bound-chunk-tokens tokens, METHOD_NONE): tokens/s, ratio to one
-//     stream, mean requests per decode step;
+//     stream, mean requests per decode step; --bound-rounds R runs the levels
+//     in turn R times and adds their pooled table and the per-round spread
+//     of each ratio (the VM's speed drifts over seconds: alternating puts the
+//     drift on every level alike);
 //  6. (with --rss-queries N) memory: N back-to-back queries with the server
 //     default at --rss-context: RSS after warm-up and after N, then after an
 //     idle spell longer than the trim period.
@@ -45,7 +48,8 @@
 //               [--decode-tokens 64] [--prefill-context 8192] [--ttft true]
 //               [--workers 16] [--max-batch-tokens N] [--server BIN]
 //               [--idle-wait-ms 2500] [--bound-tokens 128]
-//               [--bound-chunk-tokens 80] [--rss-queries 0] [--rss-context 8192]
+//               [--bound-chunk-tokens 80] [--bound-rounds 1] [--rss-queries 0]
+//               [--rss-context 8192]
 //               [--rss-idle-ms 2500]
 //               [--sections ttft,concurrency,interference,bound,rss]
 //               [--server-arg --FLAG=VALUE ...] [--methods FULL,NONE,...]
@@ -128,6 +132,7 @@ struct Run {
   double ttft_ms = 0, client_ms = 0;
   v1::Report report;
   std::vector<double> gaps_ms;  // client-observed time between consecutive tokens
+  std::vector<Clock::time_point> token_times;  // when each token arrived
   int tokens = 0;
 };
 
@@ -161,6 +166,7 @@ absl::StatusOr<Run> QueryOnce(client::Client& c, const std::vector<std::string>&
       run.gaps_ms.push_back(Ms(now - last));
     }
     last = now;
+    run.token_times.push_back(now);
     ++run.tokens;
   });
   if (!rep.ok()) return rep.status();
@@ -284,7 +290,8 @@ int Main(int argc, char** argv) {
   bool ttft_section = true;
   int64_t max_batch_tokens = 0;  // 0: the server's default
   double seconds = 10;
-  int idle_wait_ms = 2500, bound_tokens = 128, rss_queries = 0, rss_idle_ms = 2500;
+  int idle_wait_ms = 2500, bound_tokens = 128, bound_rounds = 1, rss_queries = 0,
+      rss_idle_ms = 2500;
   int64_t bound_chunk_tokens = 80, rss_context = 8192;
   std::string sections = "ttft,concurrency,interference,bound,rss";
   std::vector<std::string> extra_server_args;  // --server-arg, repeatable
@@ -299,7 +306,8 @@ int Main(int argc, char** argv) {
                   "  [--prefill-context 8192] [--ttft true|false] [--workers 16]\n"
                   "  [--max-batch-tokens N (passed to the server)] [--server BIN]\n"
                   "  [--idle-wait-ms 2500 (0 = no idle column)] [--bound-tokens 128]\n"
-                  "  [--bound-chunk-tokens 80] [--rss-queries 0] [--rss-context 8192]\n"
+                  "  [--bound-chunk-tokens 80] [--bound-rounds 1] [--rss-queries 0]\n"
+                  "  [--rss-context 8192]\n"
                   "  [--rss-idle-ms 2500 (idle time before the last RSS reading)]\n"
                   "  [--sections ttft,concurrency,interference,bound,rss (a subset)]\n"
                   "  [--server-arg --FLAG=V (repeatable; passed to the server)]\n"
@@ -328,6 +336,7 @@ int Main(int argc, char** argv) {
     else if (f == "--server") server_bin = v;
     else if (f == "--idle-wait-ms") idle_wait_ms = std::max(0, std::atoi(v.c_str()));
     else if (f == "--bound-tokens") bound_tokens = std::max(2, std::atoi(v.c_str()));
+    else if (f == "--bound-rounds") bound_rounds = std::max(1, std::atoi(v.c_str()));
     else if (f == "--bound-chunk-tokens") bound_chunk_tokens = std::max<int64_t>(8, std::atoll(v.c_str()));
     else if (f == "--rss-queries") rss_queries = std::max(0, std::atoi(v.c_str()));
     else if (f == "--rss-context") rss_context = std::atoll(v.c_str());
@@ -893,63 +902,121 @@ int Main(int argc, char** argv) {
     const std::vector<std::string> bk = {r->results(0).chunk_key()};
     const MethodRow none = methods[1];
     std::ofstream bcsv(out_dir + "/decode_bound.csv");
-    bcsv << "streams,chunk_tokens,max_new_tokens,seconds,queries,tokens,tokens_per_s,"
-            "ratio_to_1,mean_batch,itl_p50_ms,ttft_p50_ms\n";
+    bcsv << "round,streams,chunk_tokens,max_new_tokens,seconds,drain_seconds,queries,tokens,"
+            "tokens_per_s,ratio_to_1,mean_batch,itl_p50_ms,ttft_p50_ms\n";
     std::printf("\ndecode-bound: METHOD_NONE over one stored chunk of %d tokens, %d new tokens "
-                "per query (temperature 1), %.0f s per level\n",
-                r->results(0).n_tokens(), bound_tokens, seconds);
-    std::printf("%8s %8s %9s %10s %9s %8s %9s %9s\n", "streams", "queries", "tokens",
-                "tokens/s", "vs 1", "batch", "ITL p50", "TTFT p50");
-    double solo = NAN;
-    for (int64_t n : streams) {
-      const std::string m0 = srv.Metrics();
-      const double steps0 = testing::PromValue(m0, "infoflow_batch_size_count");
-      const double rows0 = testing::PromValue(m0, "infoflow_batch_size_sum");
-      std::mutex mu;
+                "per query (temperature 1), %.0f s per level, %d round(s) of every level in turn\n",
+                r->results(0).n_tokens(), bound_tokens, seconds, bound_rounds);
+    const char* header = "%8s %8s %9s %10s %9s %8s %9s %9s %8s\n";
+    const char* row = "%8lld %8lld %9lld %10.1f %9.2f %8.2f %9.2f %9.1f %8.2f%s\n";
+    // One level's totals; a round's rows, then every round's pooled.
+    // tokens/s counts the tokens that arrived within the level's window of
+    // --seconds over the window; queries still running at its end finish
+    // (their later tokens, the "drain", are not counted: fewer streams are
+    // left running then, which would charge a shrinking batch to the level).
+    struct Level {
+      double secs = 0, drain_secs = 0, steps = 0, rows = 0;
+      int64_t tokens = 0, queries = 0, errors = 0;
       std::vector<double> gaps, ttfts;
-      int64_t tokens = 0, queries = 0;
-      std::atomic<int64_t> errors{0};
-      const auto t0 = Clock::now();
-      const auto until = t0 + std::chrono::duration_cast<Clock::duration>(
-                                  std::chrono::duration<double>(seconds));
-      std::vector<std::thread> th;
-      for (int64_t s = 0; s < n; ++s) {
-        th.emplace_back([&, s] {
-          client::ClientOptions o = co;
-          o.timeout_ms = 300000;
-          client::Client cc(o);
-          for (uint64_t q = 0; Clock::now() < until; ++q) {
-            auto one = QueryOnce(cc, bk, none, question, bound_tokens, 1.0f, 1000 * s + q + 1);
-            if (!one.ok()) {
-              ++errors;
-              std::this_thread::sleep_for(std::chrono::milliseconds(5));
-              continue;
+    };
+    std::map<int64_t, Level> pooled;
+    std::map<int64_t, std::vector<double>> round_ratios;
+    for (int round = 1; round <= bound_rounds; ++round) {
+      if (bound_rounds > 1) std::printf("round %d\n", round);
+      std::printf(header, "streams", "queries", "tokens", "tokens/s", "vs 1", "batch", "ITL p50",
+                  "TTFT p50", "drain s");
+      double solo = NAN;
+      for (int64_t n : streams) {
+        const std::string m0 = srv.Metrics();
+        const double steps0 = testing::PromValue(m0, "infoflow_batch_size_count");
+        const double rows0 = testing::PromValue(m0, "infoflow_batch_size_sum");
+        std::mutex mu;
+        Level lv;
+        std::atomic<int64_t> errors{0};
+        const auto t0 = Clock::now();
+        const auto until = t0 + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(seconds));
+        std::vector<std::thread> th;
+        for (int64_t s = 0; s < n; ++s) {
+          th.emplace_back([&, s] {
+            client::ClientOptions o = co;
+            o.timeout_ms = 300000;
+            client::Client cc(o);
+            for (uint64_t q = 0; Clock::now() < until; ++q) {
+              const uint64_t seed = 1000000 * round + 1000 * s + q + 1;
+              auto one = QueryOnce(cc, bk, none, question, bound_tokens, 1.0f, seed);
+              if (!one.ok()) {
+                ++errors;
+                std::this_thread::sleep_for(std::chrono::milliseconds(5));
+                continue;
+              }
+              std::lock_guard<std::mutex> l(mu);
+              lv.gaps.insert(lv.gaps.end(), one->gaps_ms.begin(), one->gaps_ms.end());
+              lv.ttfts.push_back(one->client_ms);
+              for (const Clock::time_point& at : one->token_times) lv.tokens += at <= until;
+              ++lv.queries;
             }
-            std::lock_guard<std::mutex> l(mu);
-            gaps.insert(gaps.end(), one->gaps_ms.begin(), one->gaps_ms.end());
-            ttfts.push_back(one->client_ms);
-            tokens += one->tokens;
-            ++queries;
-          }
-        });
+          });
+        }
+        std::this_thread::sleep_until(until);
+        const std::string m1 = srv.Metrics();  // the window's decode steps, not the drain's
+        for (auto& t : th) t.join();
+        lv.secs = Ms(until - t0) / 1e3;
+        lv.drain_secs = Ms(Clock::now() - until) / 1e3;
+        lv.errors = errors.load();
+        lv.steps = testing::PromValue(m1, "infoflow_batch_size_count") - steps0;
+        lv.rows = testing::PromValue(m1, "infoflow_batch_size_sum") - rows0;
+        const double mean_batch = lv.steps > 0 ? lv.rows / lv.steps : NAN;
+        const double tps = lv.tokens / lv.secs;
+        if (n == 1) solo = tps;
+        round_ratios[n].push_back(tps / solo);
+        std::printf(row, static_cast<long long>(n), static_cast<long long>(lv.queries),
+                    static_cast<long long>(lv.tokens), tps, tps / solo, mean_batch,
+                    Quantile(lv.gaps, 0.5), Quantile(lv.ttfts, 0.5), lv.drain_secs,
+                    lv.errors ? "  (errors)" : "");
+        std::fflush(stdout);
+        bcsv << round << "," << n << "," << r->results(0).n_tokens() << "," << bound_tokens << ","
+             << lv.secs << "," << lv.drain_secs << "," << lv.queries << "," << lv.tokens << "," << tps << ","
+             << tps / solo << "," << mean_batch << "," << Quantile(lv.gaps, 0.5) << ","
+             << Quantile(lv.ttfts, 0.5) << std::endl;
+        Level& p = pooled[n];
+        p.secs += lv.secs;
+        p.drain_secs += lv.drain_secs;
+        p.steps += lv.steps;
+        p.rows += lv.rows;
+        p.tokens += lv.tokens;
+        p.queries += lv.queries;
+        p.errors += lv.errors;
+        p.gaps.insert(p.gaps.end(), lv.gaps.begin(), lv.gaps.end());
+        p.ttfts.insert(p.ttfts.end(), lv.ttfts.begin(), lv.ttfts.end());
       }
-      for (auto& t : th) t.join();
-      const double secs = Ms(Clock::now() - t0) / 1e3;
-      const std::string m1 = srv.Metrics();
-      const double steps = testing::PromValue(m1, "infoflow_batch_size_count") - steps0;
-      const double mean_batch =
-          steps > 0 ? (testing::PromValue(m1, "infoflow_batch_size_sum") - rows0) / steps : NAN;
-      const double tps = tokens / secs;
-      if (n == 1) solo = tps;
-      std::printf("%8lld %8lld %9lld %10.1f %9.2f %8.2f %9.2f %9.1f%s\n",
-                  static_cast<long long>(n), static_cast<long long>(queries),
-                  static_cast<long long>(tokens), tps, tps / solo, mean_batch,
-                  Quantile(gaps, 0.5), Quantile(ttfts, 0.5),
-                  errors.load() ? "  (errors)" : "");
-      std::fflush(stdout);
-      bcsv << n << "," << r->results(0).n_tokens() << "," << bound_tokens << "," << secs << ","
-           << queries << "," << tokens << "," << tps << "," << tps / solo << "," << mean_batch
-           << "," << Quantile(gaps, 0.5) << "," << Quantile(ttfts, 0.5) << std::endl;
+    }
+    if (bound_rounds > 1) {
+      // The levels alternate, so drift of the machine over the run falls on
+      // every level alike; tokens/s pools each level's tokens over its time.
+      std::printf("all %d rounds pooled\n", bound_rounds);
+      std::printf(header, "streams", "queries", "tokens", "tokens/s", "vs 1", "batch", "ITL p50",
+                  "TTFT p50", "drain s");
+      const double solo = pooled.count(1) ? pooled[1].tokens / pooled[1].secs : NAN;
+      for (int64_t n : streams) {
+        const Level& p = pooled[n];
+        const double tps = p.tokens / p.secs;
+        std::printf(row, static_cast<long long>(n), static_cast<long long>(p.queries),
+                    static_cast<long long>(p.tokens), tps, tps / solo,
+                    p.steps > 0 ? p.rows / p.steps : NAN, Quantile(p.gaps, 0.5),
+                    Quantile(p.ttfts, 0.5), p.drain_secs, p.errors ? "  (errors)" : "");
+        bcsv << "all," << n << "," << r->results(0).n_tokens() << "," << bound_tokens << ","
+             << p.secs << "," << p.drain_secs << "," << p.queries << "," << p.tokens << "," << tps << "," << tps / solo
+             << "," << (p.steps > 0 ? p.rows / p.steps : NAN) << "," << Quantile(p.gaps, 0.5)
+             << "," << Quantile(p.ttfts, 0.5) << std::endl;
+      }
+      for (int64_t n : streams) {
+        if (n == 1) continue;
+        std::vector<double> v = round_ratios[n];
+        std::sort(v.begin(), v.end());
+        std::printf("%lld streams vs 1, per round: min %.2f, median %.2f, max %.2f\n",
+                    static_cast<long long>(n), v.front(), Quantile(v, 0.5), v.back());
+      }
     }
   }
 
