@@ -65,6 +65,20 @@ QueryRunner::QueryRunner(const Model* model, const Tokenizer* tokenizer,
                          const ChunkResolver* resolver, const QueryLimits& limits)
     : model_(model), tokenizer_(tokenizer), resolver_(resolver), limits_(limits) {}
 
+std::shared_ptr<const ChunkKv> QueryRunner::BosKv() const {
+  std::call_once(bos_once_, [&] {
+    if (!model_->config().bos_token_id.has_value()) return;
+    try {
+      absl::StatusOr<ChunkKv> kv = PrefillChunk(
+          *model_, {static_cast<int32_t>(*model_->config().bos_token_id)}, PrefixMode::kNone);
+      if (kv.ok()) bos_kv_ = std::make_shared<const ChunkKv>(*std::move(kv));
+    } catch (const std::exception&) {
+      // Left null: every query prefills its BOS, as before.
+    }
+  });
+  return bos_kv_;
+}
+
 absl::Status QueryRunner::Prepare(QuerySpec* spec) const {
   spec->prefix_ids.clear();
   if (!spec->prefix.empty()) {
@@ -206,6 +220,7 @@ absl::StatusOr<QueryInput> QueryRunner::ResolveInput(const QuerySpec& spec,
           "PREFIX_MODE_NONE");
     }
     input.prefix_ids = {static_cast<int32_t>(*model_->config().bos_token_id)};
+    input.prefix_kv = BosKv();
   }
   out.prefix_tokens = static_cast<int64_t>(input.prefix_ids.size());
   input.chunks = std::move(resolved->chunks);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -168,10 +169,20 @@ class QueryRunner {
   DecodeOptions DecodeOptionsFor(const QuerySpec& spec) const;
 
  private:
+  // The K/V of the lone BOS token at position 0 (PREFIX_MODE_BOS without a
+  // text prefix): the same for every query, so prefilled once, on first use,
+  // and placed as a stored prefix is (AppendChunkAt, bit-identical to a fresh
+  // prefill) instead of a one-token forward pass per query, a whole read of
+  // the weights. Null when the model has no BOS or that prefill failed; the
+  // query then prefills it itself, as before.
+  std::shared_ptr<const ChunkKv> BosKv() const;
+
   const Model* model_;
   const Tokenizer* tokenizer_;
   const ChunkResolver* resolver_;
   QueryLimits limits_;
+  mutable std::once_flag bos_once_;
+  mutable std::shared_ptr<const ChunkKv> bos_kv_;
 };
 
 }  // namespace infoflow::server

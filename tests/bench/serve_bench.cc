@@ -184,11 +184,16 @@ struct InProcessRun {
   StageTimings stages;  // the engine's own stage times, to set against the server's report
 };
 
+// `bos_kv`: the BOS token prefilled alone, which the server keeps and places
+// instead of prefilling BOS per query (server/query_runner.h, BosKv); the
+// engine here is given the same, so both sides do the same work.
 absl::StatusOr<InProcessRun> InProcessTtft(const Model& model, const Tokenizer& tok,
+                                     const std::shared_ptr<const ChunkKv>& bos_kv,
                                      const std::vector<std::shared_ptr<const ChunkKv>>& chunks,
                                      const MethodRow& m, const std::string& question) {
   QueryInput input;
   input.prefix_ids = {static_cast<int32_t>(model.config().bos_token_id.value_or(1))};
+  input.prefix_kv = bos_kv;
   input.chunks = chunks;
   input.chunk_prefix_mode = PrefixMode::kBos;
   input.question_ids = tok.Encode(question);
@@ -585,6 +590,16 @@ int Main(int argc, char** argv) {
              "idle_inprocess_ttft_ms_median,warm_page_faults,idle_page_faults,"
              "paired_grpc_overhead,baseline\n";
   std::map<std::pair<int64_t, std::string>, double> ttft_median;
+  std::shared_ptr<const ChunkKv> bos_kv;
+  if (ttft_section) {
+    const int32_t bos = static_cast<int32_t>(model->config().bos_token_id.value_or(1));
+    absl::StatusOr<ChunkKv> kv = PrefillChunk(*model, {bos}, PrefixMode::kNone);
+    if (!kv.ok()) {
+      std::fprintf(stderr, "BOS prefill: %s\n", kv.status().ToString().c_str());
+      return 1;
+    }
+    bos_kv = std::make_shared<const ChunkKv>(*std::move(kv));
+  }
   for (int64_t context : ttft_section ? contexts : std::vector<int64_t>{}) {
     const std::vector<std::string> k = keys_for(context);
     const std::vector<std::shared_ptr<const ChunkKv>> kv_in = kvs_for(context);
@@ -598,7 +613,7 @@ int Main(int argc, char** argv) {
     // The run the server is measured against: the engine in this process,
     // or (--baseline server) the same query through the second server.
     auto baseline = [&](const MethodRow& m) -> absl::StatusOr<InProcessRun> {
-      if (c_b == nullptr) return InProcessTtft(*model, **tok, kv_in, m, question);
+      if (c_b == nullptr) return InProcessTtft(*model, **tok, bos_kv, kv_in, m, question);
       auto b = QueryOnce(*c_b, k, m, question);
       if (!b.ok()) return b.status();
       const v1::StageTimings& st = b->report.stages();

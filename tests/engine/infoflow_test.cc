@@ -408,6 +408,24 @@ TEST_P(InfoFlowTest, TextPrefixKeepsTheInvariants) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The server keeps the lone BOS token's K/V and places it as a stored
+// prefix (server/query_runner.h, BosKv) instead of a one-token forward per
+// query: the prompt logits are bit-identical to prefilling BOS fresh.
+TEST_P(InfoFlowTest, StoredBosEqualsFreshBosBitForBit) {
+  QueryInput fresh = MakeInput({17, 23, 9}, 5);
+  QueryInput stored = fresh;
+  auto bos_kv = PrefillChunk(*model_, {bos_}, PrefixMode::kNone);
+  ASSERT_TRUE(bos_kv.ok()) << bos_kv.status();
+  stored.prefix_kv = std::make_shared<ChunkKv>(*std::move(bos_kv));
+  for (Method m : {Method::kNone, Method::kInfoFlow, Method::kInfoFlowBlend, Method::kCacheBlend,
+                   Method::kEpic}) {
+    MethodOptions o;
+    o.method = m;
+    o.ratio = 0.3;
+    EXPECT_TRUE(at::equal(PromptLogits(stored, o), PromptLogits(fresh, o))) << MethodName(m);
+  }
+}
+
 // glm4-bos: GLM-4's architecture (partial interleaved RoPE, QKV bias, sandwich
 // norms) with <sop> as a BOS token, so every BOS-prefixed invariant above runs
 // on it too.

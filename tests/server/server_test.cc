@@ -444,6 +444,36 @@ TEST_F(ServerTest, TextChunksAreWrittenThroughThenHit) {
   EXPECT_TRUE(by_key.status.ok()) << by_key.status.error_message();
 }
 
+// PREFIX_MODE_BOS (the default): the lone BOS token is prefilled once per
+// server, not once per query. Attention query rows (summed over layers) for
+// a one-token METHOD_NONE query are the prompt's rows only, after a first
+// query that also ran BOS's; the answer is the same (the engine test
+// StoredBosEqualsFreshBosBitForBit pins the logits bit for bit).
+TEST_F(ServerTest, BosIsPrefilledOncePerServerNotPerQuery) {
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  std::vector<std::string> keys = IngestKeys();
+  v1::QueryRequest req = QueryByKeys(keys, v1::METHOD_NONE);
+  req.set_max_new_tokens(1);  // the first token comes from the prompt: no decode step
+  auto rows_of = [&](QueryCall* call) {
+    const int64_t before = AttentionQueryRows();
+    *call = RunQueryRpc(h_.query.get(), req);
+    return AttentionQueryRows() - before;
+  };
+  QueryCall first, second;
+  const int64_t first_rows = rows_of(&first);
+  const int64_t second_rows = rows_of(&second);
+  ASSERT_TRUE(first.status.ok() && second.status.ok()) << first.status.error_message();
+  const v1::Report& r = second.report;
+  EXPECT_EQ(r.prefix_tokens(), 1);
+  const int64_t prompt = r.positions() - r.prefix_tokens() - r.context_tokens() - 1;
+  ASSERT_GT(prompt, 1);
+  ASSERT_EQ(second_rows % prompt, 0) << second_rows << " rows, prompt " << prompt;
+  const int64_t layers = second_rows / prompt;
+  EXPECT_GT(layers, 0);
+  EXPECT_EQ(first_rows, second_rows + layers);  // BOS's one row per layer, the first time only
+  EXPECT_EQ(first.ids, second.ids);
+}
+
 TEST_F(ServerTest, RestartOnSameDataDirKeepsChunks) {
   ASSERT_NO_FATAL_FAILURE(h_.Start());
   std::vector<std::string> keys = IngestKeys();
