@@ -4,7 +4,7 @@
 // each call over MathThreads() threads, about 37 calls a step. Starting a
 // std::thread and joining it costs ~50 us on the 2-core VM, ~2 ms of a
 // 13 ms step; a kept helper that waits briefly for the next part costs a
-// few. Helpers spin for kSpinMicros after each job (a decode step's next
+// few. Helpers spin for kHelperSpinMicros after each job (a decode step's next
 // call follows within that) and then sleep on a condition variable, so an
 // idle process does not burn a core (the lesson of OpenBLAS's spinning
 // workers, docs/BENCHMARKS.md).

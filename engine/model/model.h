@@ -171,10 +171,11 @@ class Model {
   // as one matmul over the B rows; RoPE uses each row's own position; K/V go
   // to each request's own cache and each row attends over its own cache
   // only. Returns logits [B, vocab] f32. On the CPU in f32 (with AVX2 and
-  // FMA) the matmuls run SmallBatchLinearCpu, whose rows do not depend on each other: row b is
-  // bit-identical whichever requests share the step. Row b equals Forward
-  // of that token alone on caches[b] up to summation order (the kernel and
-  // BLAS sum in other orders): within 1e-4, pinned by a test.
+  // FMA) the matmuls run SmallBatchLinearCpu, whose rows do not depend on
+  // each other: row b is bit-identical whichever requests share the step.
+  // Row b equals Forward of that token alone on caches[b] up to summation
+  // order (the kernel and BLAS sum in other orders): within 1e-4, pinned by
+  // a test.
   // Same thread-safety as Forward: the caches must not be used elsewhere.
   at::Tensor DecodeStep(const at::Tensor& tokens, const at::Tensor& positions,
                         const std::vector<KvCache*>& caches) const;

@@ -617,11 +617,12 @@ int Main(int argc, char** argv) {
 
   if (!listed(sections, "decode")) return 0;
 
-  // 4a. One decode-step matmul, x [B, in] @ w^T for each of the model's
-  // weight shapes: BLAS (at::linear, which packs w on every call) against
-  // SmallBatchLinearCpu (reads w in place). Summed over one layer's four
-  // matmuls; the per-step total adds the LM head and multiplies by layers.
-  if (m.device().is_cpu() && m.dtype() == at::kFloat) {
+  // 4a. The decode-step matmuls x [B, in] @ w^T for each of one layer's four
+  // weight shapes, summed: BLAS (at::linear, which packs w on every call)
+  // against SmallBatchLinearCpu (reads w in place), where the CPU runs it.
+  const at::Tensor probe = at::zeros({1, 8});
+  if (m.device().is_cpu() && m.dtype() == at::kFloat &&
+      SmallBatchLinearCpuSupports(probe, probe, {})) {
     const ModelConfig& c = m.config();
     const int64_t d = c.hidden_size, hd = c.head_dim, ff = c.intermediate_size;
     const std::vector<std::pair<int64_t, int64_t>> shapes = {

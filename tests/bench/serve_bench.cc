@@ -131,7 +131,7 @@ struct MethodRow {
 struct Run {
   double ttft_ms = 0, client_ms = 0;
   v1::Report report;
-  std::vector<double> gaps_ms;  // client-observed time between consecutive tokens
+  std::vector<double> gaps_ms;                 // client-observed time between consecutive tokens
   std::vector<Clock::time_point> token_times;  // when each token arrived
   int tokens = 0;
 };
@@ -187,10 +187,10 @@ struct InProcessRun {
 // `bos_kv`: the BOS token prefilled alone, which the server keeps and places
 // instead of prefilling BOS per query (server/query_runner.h, BosKv); the
 // engine here is given the same, so both sides do the same work.
-absl::StatusOr<InProcessRun> InProcessTtft(const Model& model, const Tokenizer& tok,
-                                     const std::shared_ptr<const ChunkKv>& bos_kv,
-                                     const std::vector<std::shared_ptr<const ChunkKv>>& chunks,
-                                     const MethodRow& m, const std::string& question) {
+absl::StatusOr<InProcessRun> InProcessTtft(
+    const Model& model, const Tokenizer& tok, const std::shared_ptr<const ChunkKv>& bos_kv,
+    const std::vector<std::shared_ptr<const ChunkKv>>& chunks, const MethodRow& m,
+    const std::string& question) {
   QueryInput input;
   input.prefix_ids = {static_cast<int32_t>(model.config().bos_token_id.value_or(1))};
   input.prefix_kv = bos_kv;
@@ -919,10 +919,14 @@ int Main(int argc, char** argv) {
     std::ofstream bcsv(out_dir + "/decode_bound.csv");
     bcsv << "round,streams,chunk_tokens,max_new_tokens,seconds,drain_seconds,queries,tokens,"
             "tokens_per_s,ratio_to_1,mean_batch,itl_p50_ms,ttft_p50_ms\n";
-    std::printf("\ndecode-bound: METHOD_NONE over one stored chunk of %d tokens, %d new tokens "
-                "per query (temperature 1), %.0f s per level, %d round(s) of every level in turn\n",
-                r->results(0).n_tokens(), bound_tokens, seconds, bound_rounds);
-    const char* header = "%8s %8s %9s %10s %9s %8s %9s %9s %8s\n";
+    std::printf(
+        "\ndecode-bound: METHOD_NONE over one stored chunk of %d tokens, %d new tokens "
+        "per query (temperature 1), %.0f s per level, %d round(s) of every level in turn\n",
+        r->results(0).n_tokens(), bound_tokens, seconds, bound_rounds);
+    auto print_header = [] {
+      std::printf("%8s %8s %9s %10s %9s %8s %9s %9s %8s\n", "streams", "queries", "tokens",
+                  "tokens/s", "vs 1", "batch", "ITL p50", "TTFT p50", "drain s");
+    };
     const char* row = "%8lld %8lld %9lld %10.1f %9.2f %8.2f %9.2f %9.1f %8.2f%s\n";
     // One level's totals; a round's rows, then every round's pooled.
     // tokens/s counts the tokens that arrived within the level's window of
@@ -933,13 +937,33 @@ int Main(int argc, char** argv) {
       double secs = 0, drain_secs = 0, steps = 0, rows = 0;
       int64_t tokens = 0, queries = 0, errors = 0;
       std::vector<double> gaps, ttfts;
+      double TokensPerS() const { return tokens / secs; }
+      double MeanBatch() const { return steps > 0 ? rows / steps : NAN; }
+      void Add(const Level& o) {
+        secs += o.secs, drain_secs += o.drain_secs, steps += o.steps, rows += o.rows;
+        tokens += o.tokens, queries += o.queries, errors += o.errors;
+        gaps.insert(gaps.end(), o.gaps.begin(), o.gaps.end());
+        ttfts.insert(ttfts.end(), o.ttfts.begin(), o.ttfts.end());
+      }
+    };
+    // One table row and one decode_bound.csv line; `round` is the round or "all".
+    auto report = [&](const std::string& round, int64_t n, const Level& lv, double solo) {
+      const double tps = lv.TokensPerS();
+      std::printf(row, static_cast<long long>(n), static_cast<long long>(lv.queries),
+                  static_cast<long long>(lv.tokens), tps, tps / solo, lv.MeanBatch(),
+                  Quantile(lv.gaps, 0.5), Quantile(lv.ttfts, 0.5), lv.drain_secs,
+                  lv.errors ? "  (errors)" : "");
+      std::fflush(stdout);
+      bcsv << round << "," << n << "," << r->results(0).n_tokens() << "," << bound_tokens << ","
+           << lv.secs << "," << lv.drain_secs << "," << lv.queries << "," << lv.tokens << "," << tps
+           << "," << tps / solo << "," << lv.MeanBatch() << "," << Quantile(lv.gaps, 0.5) << ","
+           << Quantile(lv.ttfts, 0.5) << std::endl;
     };
     std::map<int64_t, Level> pooled;
     std::map<int64_t, std::vector<double>> round_ratios;
     for (int round = 1; round <= bound_rounds; ++round) {
       if (bound_rounds > 1) std::printf("round %d\n", round);
-      std::printf(header, "streams", "queries", "tokens", "tokens/s", "vs 1", "batch", "ITL p50",
-                  "TTFT p50", "drain s");
+      print_header();
       double solo = NAN;
       for (int64_t n : streams) {
         const std::string m0 = srv.Metrics();
@@ -981,50 +1005,19 @@ int Main(int argc, char** argv) {
         lv.errors = errors.load();
         lv.steps = testing::PromValue(m1, "infoflow_batch_size_count") - steps0;
         lv.rows = testing::PromValue(m1, "infoflow_batch_size_sum") - rows0;
-        const double mean_batch = lv.steps > 0 ? lv.rows / lv.steps : NAN;
-        const double tps = lv.tokens / lv.secs;
-        if (n == 1) solo = tps;
-        round_ratios[n].push_back(tps / solo);
-        std::printf(row, static_cast<long long>(n), static_cast<long long>(lv.queries),
-                    static_cast<long long>(lv.tokens), tps, tps / solo, mean_batch,
-                    Quantile(lv.gaps, 0.5), Quantile(lv.ttfts, 0.5), lv.drain_secs,
-                    lv.errors ? "  (errors)" : "");
-        std::fflush(stdout);
-        bcsv << round << "," << n << "," << r->results(0).n_tokens() << "," << bound_tokens << ","
-             << lv.secs << "," << lv.drain_secs << "," << lv.queries << "," << lv.tokens << "," << tps << ","
-             << tps / solo << "," << mean_batch << "," << Quantile(lv.gaps, 0.5) << ","
-             << Quantile(lv.ttfts, 0.5) << std::endl;
-        Level& p = pooled[n];
-        p.secs += lv.secs;
-        p.drain_secs += lv.drain_secs;
-        p.steps += lv.steps;
-        p.rows += lv.rows;
-        p.tokens += lv.tokens;
-        p.queries += lv.queries;
-        p.errors += lv.errors;
-        p.gaps.insert(p.gaps.end(), lv.gaps.begin(), lv.gaps.end());
-        p.ttfts.insert(p.ttfts.end(), lv.ttfts.begin(), lv.ttfts.end());
+        if (n == 1) solo = lv.TokensPerS();
+        round_ratios[n].push_back(lv.TokensPerS() / solo);
+        report(std::to_string(round), n, lv, solo);
+        pooled[n].Add(lv);
       }
     }
     if (bound_rounds > 1) {
       // The levels alternate, so drift of the machine over the run falls on
       // every level alike; tokens/s pools each level's tokens over its time.
       std::printf("all %d rounds pooled\n", bound_rounds);
-      std::printf(header, "streams", "queries", "tokens", "tokens/s", "vs 1", "batch", "ITL p50",
-                  "TTFT p50", "drain s");
-      const double solo = pooled.count(1) ? pooled[1].tokens / pooled[1].secs : NAN;
-      for (int64_t n : streams) {
-        const Level& p = pooled[n];
-        const double tps = p.tokens / p.secs;
-        std::printf(row, static_cast<long long>(n), static_cast<long long>(p.queries),
-                    static_cast<long long>(p.tokens), tps, tps / solo,
-                    p.steps > 0 ? p.rows / p.steps : NAN, Quantile(p.gaps, 0.5),
-                    Quantile(p.ttfts, 0.5), p.drain_secs, p.errors ? "  (errors)" : "");
-        bcsv << "all," << n << "," << r->results(0).n_tokens() << "," << bound_tokens << ","
-             << p.secs << "," << p.drain_secs << "," << p.queries << "," << p.tokens << "," << tps << "," << tps / solo
-             << "," << (p.steps > 0 ? p.rows / p.steps : NAN) << "," << Quantile(p.gaps, 0.5)
-             << "," << Quantile(p.ttfts, 0.5) << std::endl;
-      }
+      print_header();
+      const double solo = pooled.count(1) ? pooled[1].TokensPerS() : NAN;
+      for (int64_t n : streams) report("all", n, pooled[n], solo);
       for (int64_t n : streams) {
         if (n == 1) continue;
         std::vector<double> v = round_ratios[n];
