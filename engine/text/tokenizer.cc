@@ -438,10 +438,18 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJsonString(std::string
         dec_replace.emplace_back(p["String"].get<std::string>(),
                                  d.at("content").get<std::string>());
       } else if (t == "Strip") {
-        if (GetString(d, "content") != " " || d.value("stop", 0) != 0) {
+        // Counts go through JsonId: value("start", 0) would convert a float
+        // such as 2e97 to int, undefined behaviour (found by tokenizer_fuzz).
+        const int64_t start = d.contains("start") ? JsonId(d["start"]) : 0;
+        const int64_t stop = d.contains("stop") ? JsonId(d["stop"]) : 0;
+        if (start < 0 || stop < 0) {
+          return absl::InvalidArgumentError(
+              "Strip decoder: start and stop must be non-negative integers");
+        }
+        if (GetString(d, "content") != " " || stop != 0) {
           return absl::UnimplementedError("Strip decoder other than leading spaces");
         }
-        tok->strip_leading_ = d.value("start", 0);
+        tok->strip_leading_ = static_cast<int>(start);
       } else if (t == "Metaspace") {
         dec_replace.emplace_back(GetString(d, "replacement", "\xE2\x96\x81"), " ");
         const std::string scheme = GetString(d, "prepend_scheme", "");

@@ -34,6 +34,7 @@ namespace infoflow {
 namespace {
 
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 
 struct RefCase {
   const char* text;
@@ -391,6 +392,30 @@ TEST(Tokenizer, MergesAsStringsOrPairsAndAddedTokens) {
   EXPECT_FALSE((*tok)->IsSpecial(6));
 }
 
+// A Strip decoder's counts must be non-negative integers. Reading them with
+// value("start", 0) turned 2.2e97 into an int, undefined behaviour that the
+// fuzz smoke run found; a plain build loaded such a file with some count.
+TEST(Tokenizer, StripDecoderCountsMustBeNonNegativeIntegers) {
+  auto with_strip = [](const std::string& counts) {
+    return Tokenizer::FromJsonString(
+        R"({"decoder":{"type":"Sequence","decoders":[{"type":"Replace","pattern":{"String":"_"},)"
+        R"("content":" "},{"type":"Strip","content":" ",)" +
+        counts + R"(}]},"model":{"type":"BPE","vocab":{"a":0,"_":1},"merges":[]}})");
+  };
+  for (const char* bad :
+       {R"("start":2.22222e97,"stop":0)", R"("start":-1,"stop":0)", R"("start":1.5,"stop":0)",
+        R"("start":"1","stop":0)", R"("start":1,"stop":1e300)", R"("start":4294967297,"stop":0)"}) {
+    auto tok = with_strip(bad);
+    ASSERT_FALSE(tok.ok()) << bad;
+    EXPECT_EQ(tok.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(tok.status().message()), HasSubstr("Strip")) << bad;
+  }
+  auto tok = with_strip(R"("start":1,"stop":0)");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->Decode({1, 1, 0}), " a");
+  EXPECT_EQ(with_strip(R"("start":0,"stop":2)").status().code(), absl::StatusCode::kUnimplemented);
+}
+
 TEST(StreamingDecoder, EmojiBytesNeverSplitMidCharacter) {
   auto json = TrainByteLevelBpeTokenizerJson({"hello world"}, 300, {"<s>"});
   ASSERT_TRUE(json.ok()) << json.status();
@@ -546,9 +571,9 @@ namespace {
 
 // Reproducers found by engine/fuzz/tokenizer_fuzz.cc (tests/fuzz/crashes/).
 TEST(Tokenizer, RejectsFuzzerReproducers) {
-  for (const char* name : {"tokenizer_huge_vocab_id_oom.json",
-                           "tokenizer_post_processor_id_out_of_range.json",
-                           "tokenizer_float_vocab_id_ub.json"}) {
+  for (const char* name :
+       {"tokenizer_huge_vocab_id_oom.json", "tokenizer_post_processor_id_out_of_range.json",
+        "tokenizer_float_vocab_id_ub.json", "tokenizer_float_strip_start_ub.json"}) {
     std::ifstream in(std::string(INFOFLOW_SOURCE_DIR "/tests/fuzz/crashes/") + name,
                      std::ios::binary);
     ASSERT_TRUE(in) << name;
