@@ -218,7 +218,8 @@ at::Tensor Model::Attention(const at::Tensor& q, const at::Tensor& k, const at::
 
 at::Tensor Model::Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
                          Matmul matmul) {
-  if (matmul == Matmul::kDecodeRows && SmallBatchLinearCpuSupports(x, w, bias)) {
+  const bool in_place = matmul == Matmul::kInPlace || x.size(0) <= kInPlaceMaxRows;
+  if (in_place && SmallBatchLinearCpuSupports(x, w, bias)) {
     return SmallBatchLinearCpu(x, w, bias, MathThreads());
   }
   return at::linear(x, w, bias);
@@ -299,12 +300,12 @@ at::Tensor Model::DecodeStep(const at::Tensor& tokens_in, const at::Tensor& posi
   for (int l = 0; l < n_layers(); ++l) {
     // One matmul over the B rows, K/V row b into its own cache, attention
     // over its own cache only, one matmul again.
-    Qkv p = ProjectQkv(l, h, rope, nullptr, Matmul::kDecodeRows);
+    Qkv p = ProjectQkv(l, h, rope, nullptr, Matmul::kInPlace);
     KvCache::WriteRows(l, caches, slots, p.k, p.v);
     at::Tensor attn = DecodeAttention(p.q, positions, caches, l);
-    h = OutputAndMlp(l, h, attn, Matmul::kDecodeRows);
+    h = OutputAndMlp(l, h, attn, Matmul::kInPlace);
   }
-  return LogitsWith(h, Matmul::kDecodeRows);
+  return LogitsWith(h, Matmul::kInPlace);
 }
 
 at::Tensor Model::DecodeAttention(const at::Tensor& q, const at::Tensor& q_pos,
@@ -339,7 +340,7 @@ std::pair<at::Tensor, at::Tensor> Model::LayerKv(
   at::Tensor x = RmsNorm(h, w.attn_norm, eps);
   at::Tensor weight = w.wqkv.narrow(0, n_heads * hd, 2 * n_kv * hd);
   at::Tensor bias = w.bqkv.defined() ? w.bqkv.narrow(0, n_heads * hd, 2 * n_kv * hd) : at::Tensor();
-  std::vector<at::Tensor> kv = at::linear(x, weight, bias).split(n_kv * hd, 1);
+  std::vector<at::Tensor> kv = Linear(x, weight, bias, Matmul::kByRows).split(n_kv * hd, 1);
   at::Tensor k = kv[0].view({n_q, n_kv, hd});
   at::Tensor v = kv[1].view({n_q, n_kv, hd});
   if (w.k_norm.defined()) k = RmsNorm(k, w.k_norm, eps);
@@ -348,7 +349,7 @@ std::pair<at::Tensor, at::Tensor> Model::LayerKv(
 }
 
 at::Tensor Model::Logits(const at::Tensor& hidden) const {
-  return LogitsWith(hidden, Matmul::kBlas);
+  return LogitsWith(hidden, Matmul::kByRows);
 }
 
 at::Tensor Model::LogitsWith(const at::Tensor& hidden, Matmul matmul) const {

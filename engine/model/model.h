@@ -227,11 +227,19 @@ class Model {
                                     const std::vector<KvCache*>& caches, int layer);
 
  private:
-  // Which matmul runs the projections: BLAS (at::linear), or for a decode
-  // step's rows SmallBatchLinearCpu where it supports the operands (engine/
-  // model/small_batch_linear.h: reads the weights once per step, and a row's
-  // result does not depend on the other rows in its batch).
-  enum class Matmul { kBlas, kDecodeRows };
+  // Which matmul runs the projections, where SmallBatchLinearCpu supports
+  // the operands (engine/model/small_batch_linear.h: it reads the weights in
+  // place, and a row's result does not depend on the other rows):
+  //  - kByRows: SmallBatchLinearCpu for at most kInPlaceMaxRows rows (a
+  //    question, a short chunk), BLAS (at::linear) above: OpenBLAS copies
+  //    every weight matrix into its tile layout on each call, which a few
+  //    dozen rows do not repay (a whole prefill of the bench model, 2
+  //    threads: 8 tokens 5 ms against 11, 16 tokens 7 against 10, 32 tokens
+  //    11.5 against 14, level from about 48: DESIGN §12);
+  //  - kInPlace: SmallBatchLinearCpu at any row count, for decode steps,
+  //    whose rows must not depend on which requests share the step.
+  enum class Matmul { kByRows, kInPlace };
+  static constexpr int64_t kInPlaceMaxRows = 48;
   static at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
                            Matmul matmul);
   // A layer's attention inputs for hidden states h [q, d]: RMSNorm, fused
@@ -241,12 +249,12 @@ class Model {
     at::Tensor q, k, v;
   };
   Qkv ProjectQkv(int layer, const at::Tensor& h, const std::pair<at::Tensor, at::Tensor>& rope,
-                 at::Tensor* unrotated_keys, Matmul matmul = Matmul::kBlas) const;
+                 at::Tensor* unrotated_keys, Matmul matmul = Matmul::kByRows) const;
   // The rest of a layer after attention: h + o_proj(attn), then the SwiGLU
   // MLP block (GLM-4: each block's output RMSNormed before its residual
   // add). attn [H, q, hd]; returns [q, d].
   at::Tensor OutputAndMlp(int layer, const at::Tensor& h, const at::Tensor& attn,
-                          Matmul matmul = Matmul::kBlas) const;
+                          Matmul matmul = Matmul::kByRows) const;
   // Logits() with the given matmul for the LM head.
   at::Tensor LogitsWith(const at::Tensor& hidden, Matmul matmul) const;
 

@@ -114,20 +114,26 @@ at::Tensor SmallBatchLinearCpu(const at::Tensor& x, const at::Tensor& w, const a
     passes.push_back(std::move(p));
   }
 
-  // Columns [c0, c1) for every pass; tiles of the widest width, then one
-  // narrower tile for the rest.
+  // Columns [c0, c1) for every pass, 12 columns at a time: every pass runs
+  // over those 12 weight rows before the next 12, so a call with several
+  // passes reads w from memory once and the later passes find the rows in
+  // cache (12 x in floats: 48 KB at in = 1024). Tiles of the widest width,
+  // then one narrower tile for the rest.
   auto run = [&](int64_t c0, int64_t c1) {
     float tile[kMaxLanes * 12];
-    for (const Pass& p : passes) {
-      const int64_t width = p.lanes == 8 ? 12 : 6;
-      for (int64_t c = c0; c < c1; c += width) {
-        const int64_t n = std::min(width, c1 - c);
-        const TileFn fn = p.lanes == 8 ? kTiles8[n - 1] : kTiles16[n - 1];
-        fn(p.xt.data(), wp + c * w_stride, w_stride, in, tile);
-        for (int64_t j = 0; j < n; ++j) {
-          for (int64_t r = 0; r < p.n_rows; ++r) {
-            const float acc = tile[j * p.lanes + r];
-            op[(p.first_row + r) * out_cols + c + j] = bp ? acc + bp[c + j] : acc;
+    for (int64_t block = c0; block < c1; block += 12) {
+      const int64_t block_end = std::min(block + 12, c1);
+      for (const Pass& p : passes) {
+        const int64_t width = p.lanes == 8 ? 12 : 6;
+        for (int64_t c = block; c < block_end; c += width) {
+          const int64_t n = std::min(width, block_end - c);
+          const TileFn fn = p.lanes == 8 ? kTiles8[n - 1] : kTiles16[n - 1];
+          fn(p.xt.data(), wp + c * w_stride, w_stride, in, tile);
+          for (int64_t j = 0; j < n; ++j) {
+            for (int64_t r = 0; r < p.n_rows; ++r) {
+              const float acc = tile[j * p.lanes + r];
+              op[(p.first_row + r) * out_cols + c + j] = bp ? acc + bp[c + j] : acc;
+            }
           }
         }
       }

@@ -1,13 +1,15 @@
-// x @ w^T + bias for a decode step's few rows, on the CPU, reading the
-// weights once and without copying them.
+// x @ w^T + bias for a few rows (a decode step's, a short prompt's), on the
+// CPU, reading the weights once and without copying them.
 //
 // at::linear on OpenBLAS packs (copies) the whole weight matrix into its
 // tile layout on every call. For a prefill's thousands of rows that copy is
 // paid once for many rows; for a decode step's 1-16 rows it costs about half
 // as much again as the multiply (perf over a 16-stream decode run:
-// sgemm_incopy 14% of the samples against sgemm_kernel 28%). This kernel
-// reads w in place, [out, in] row-major, and multiplies each weight into up
-// to 16 rows held in registers, so a step reads its weights once.
+// sgemm_incopy 14% of the samples against sgemm_kernel 28%), and a prompt of
+// a few dozen rows does not repay it either. This kernel reads w in place,
+// [out, in] row-major, and multiplies each weight into up to 16 rows held in
+// registers; more rows take more passes, run 12 weight rows at a time so the
+// later passes find them in cache: a call reads its weights from memory once.
 //
 // Batch invariance: every output element is one sequential fused
 // multiply-add chain over `in` (then + bias), whatever the number of rows,

@@ -632,7 +632,7 @@ int Main(int argc, char** argv) {
         {ff, d}};
     std::printf("\ndecode matmuls of one layer (qkv, o, gate_up, down; median of %d)\n", 8 * reps);
     std::printf("%6s %10s %14s %9s\n", "batch", "BLAS ms", "in-place ms", "speedup");
-    for (int64_t batch : {1, 4, 8, 16, 32}) {
+    for (int64_t batch : {1, 4, 8, 16, 32, 48, 64, 96}) {
       double blas = 0, in_place = 0;
       for (auto [in, out] : shapes) {
         at::Tensor x = at::randn({batch, in}), w = at::randn({out, in});
