@@ -20,10 +20,12 @@
 namespace infoflow {
 namespace {
 
-// A token id from JSON: -1 (rejected by the callers' range checks) unless it
-// is an integer in int32 range. get<int64_t>() on 1e113 is undefined
-// behaviour (found by tokenizer_fuzz).
-int64_t JsonId(const nlohmann::json& j) {
+// A token id or a count from JSON: -1 (rejected by the callers' checks)
+// unless it is an integer in [0, INT32_MAX]. get<int64_t>() on 1e113, or
+// value(key, 0) on 2e97, is a float-to-integer conversion out of range,
+// undefined behaviour (both found by tokenizer_fuzz): every integer the
+// loader reads goes through here.
+int64_t JsonNonNegativeInt32(const nlohmann::json& j) {
   if (j.is_number_unsigned()) {
     const uint64_t u = j.get<uint64_t>();
     return u <= INT32_MAX ? static_cast<int64_t>(u) : -1;
@@ -195,13 +197,14 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJsonString(std::string
     if (!vocab.is_object()) return absl::InvalidArgumentError("model.vocab must be an object");
     int64_t max_id = -1;
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      max_id = std::max<int64_t>(max_id, JsonId(it.value()));
+      max_id = std::max<int64_t>(max_id, JsonNonNegativeInt32(it.value()));
     }
     const json empty_array = json::array();
     const json& added = root.contains("added_tokens") && root["added_tokens"].is_array()
                             ? root["added_tokens"]
                             : empty_array;
-    for (const json& a : added) max_id = std::max<int64_t>(max_id, JsonId(a.at("id")));
+    for (const json& a : added)
+      max_id = std::max<int64_t>(max_id, JsonNonNegativeInt32(a.at("id")));
     // Ids are dense in real files; a bound tied to the entry count keeps a
     // tiny hostile file from allocating gigabytes (found by tokenizer_fuzz).
     const int64_t entries = static_cast<int64_t>(vocab.size() + added.size());
@@ -214,13 +217,13 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJsonString(std::string
     std::vector<bool> is_added(max_id + 1, false);
     tok->token_to_id_.reserve(vocab.size() + added.size());
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      const int64_t id = JsonId(it.value());
+      const int64_t id = JsonNonNegativeInt32(it.value());
       if (id < 0) return absl::InvalidArgumentError("negative id in vocab");
       tok->id_to_token_[id] = it.key();
       tok->token_to_id_[it.key()] = static_cast<int32_t>(id);
     }
     for (const json& a : added) {
-      const int64_t id = JsonId(a.at("id"));
+      const int64_t id = JsonNonNegativeInt32(a.at("id"));
       const std::string content = a.at("content").get<std::string>();
       if (id < 0 || content.empty()) return absl::InvalidArgumentError("bad added token");
       tok->id_to_token_[id] = content;
@@ -438,10 +441,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJsonString(std::string
         dec_replace.emplace_back(p["String"].get<std::string>(),
                                  d.at("content").get<std::string>());
       } else if (t == "Strip") {
-        // Counts go through JsonId: value("start", 0) would convert a float
-        // such as 2e97 to int, undefined behaviour (found by tokenizer_fuzz).
-        const int64_t start = d.contains("start") ? JsonId(d["start"]) : 0;
-        const int64_t stop = d.contains("stop") ? JsonId(d["stop"]) : 0;
+        const int64_t start = d.contains("start") ? JsonNonNegativeInt32(d["start"]) : 0;
+        const int64_t stop = d.contains("stop") ? JsonNonNegativeInt32(d["stop"]) : 0;
         if (start < 0 || stop < 0) {
           return absl::InvalidArgumentError(
               "Strip decoder: start and stop must be non-negative integers");
@@ -523,7 +524,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJsonString(std::string
           std::vector<int32_t> ids;
           if (p.contains("special_tokens") && p["special_tokens"].contains(name)) {
             for (const json& i : p["special_tokens"][name].at("ids")) {
-              ids.push_back(static_cast<int32_t>(JsonId(i)));
+              ids.push_back(static_cast<int32_t>(JsonNonNegativeInt32(i)));
             }
           } else {
             auto it = tok->token_to_id_.find(name);
