@@ -365,6 +365,7 @@ struct Metrics::Impl {
   prometheus::Counter* prefix_prefilled = nullptr;
   prometheus::Counter* prefix_cached = nullptr;
   prometheus::Counter* prefix_prefilled_tokens = nullptr;
+  prometheus::Counter* http_dropped = nullptr;
   prometheus::Gauge* inflight = nullptr;
   prometheus::Histogram* batch_size = nullptr;
   prometheus::Histogram* queue_wait = nullptr;
@@ -419,6 +420,13 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& liste
                                              "store adds nothing).")
                                        .Register(r)
                                        .Add({});
+  impl->http_dropped = &prometheus::BuildCounter()
+                            .Name("infoflow_http_requests_dropped_total")
+                            .Help(
+                                "HTTP connections closed because a request did not arrive "
+                                "whole within --http-request-timeout-ms.")
+                            .Register(r)
+                            .Add({});
   impl->inflight = &prometheus::BuildGauge()
                         .Name("infoflow_inflight_streams")
                         .Help("Query streams being served.")
@@ -484,6 +492,7 @@ void Metrics::ObserveQuery(const std::string& method, double ttft_seconds,
 }
 
 void Metrics::AddIngestTokens(int64_t n) { impl_->ingest_tokens->Increment(static_cast<double>(n)); }
+void Metrics::AddHttpRequestDropped() { impl_->http_dropped->Increment(); }
 void Metrics::AddInflightStreams(int delta) { impl_->inflight->Increment(delta); }
 void Metrics::ObserveBatchSize(int requests) { impl_->batch_size->Observe(requests); }
 void Metrics::ObserveQueueWait(double seconds) { impl_->queue_wait->Observe(seconds); }

@@ -51,6 +51,8 @@ class Metrics {
                     int64_t generated_tokens);
   void AddIngestTokens(int64_t n);
   void AddInflightStreams(int delta);
+  // An HTTP connection closed at --http-request-timeout-ms.
+  void AddHttpRequestDropped();
   // Scheduler (server/scheduler.h): requests per batched decode step, time
   // a request waited in the queue, time between consecutive tokens of a
   // request.

@@ -352,9 +352,10 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
     ho.chat_format = options.http_chat_format;
     ho.model_dir = s->model_dir;
     ho.max_body_bytes = options.http_max_body_bytes;
-    // A thread per admitted or queued request, and a few for /health and
-    // refusals: the scheduler's limits, not the pool, decide who waits.
-    ho.threads = options.workers + options.queue_depth + 8;
+    // The scheduler's limits, not the listener, decide which query waits:
+    // past --max-running + --queue-depth a query is refused (429) at once.
+    ho.max_connections = options.http_max_connections;
+    ho.request_timeout_ms = options.http_request_timeout_ms;
     absl::StatusOr<std::unique_ptr<http::HttpFrontend>> h = http::HttpFrontend::Start(&s->deps, ho);
     if (!h.ok()) {
       s->server->Shutdown();

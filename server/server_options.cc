@@ -100,6 +100,13 @@ const char kServerUsage[] =
     "                          model_type), template (the model's, required), qwen, llama3,\n"
     "                          mistral, glm4 or plain (default auto)\n"
     "  --http-max-body-bytes N larger HTTP request bodies are refused with 413 (default 16 MiB)\n"
+    "  --http-max-connections N\n"
+    "                          HTTP connections served at once, a thread each, started as\n"
+    "                          they arrive (default 512); past it new ones wait\n"
+    "  --http-request-timeout-ms N\n"
+    "                          an HTTP request's line, headers and body must arrive within N ms\n"
+    "                          of its first byte, else the connection is closed and counted\n"
+    "                          (infoflow_http_requests_dropped_total; default 30000)\n"
     "  --remote-fill-queue-bytes N\n"
     "                          a chunk fetched from the cluster is served at once and written\n"
     "                          to local disk by a background thread; at most N bytes wait\n"
@@ -226,6 +233,13 @@ absl::Status Apply(ServerOptions* o, const std::string& name, const std::string&
     o->http_chat_format = value;
   }
   else if (name == "http-max-body-bytes") return num(&o->http_max_body_bytes, 1024);
+  else if (name == "http-max-connections") {
+    if (absl::Status st = num(&o->http_max_connections, 2); !st.ok()) return st;
+    if (o->http_max_connections > 65536) {
+      return absl::InvalidArgumentError("--http-max-connections: at most 65536");
+    }
+  }
+  else if (name == "http-request-timeout-ms") return num(&o->http_request_timeout_ms, 100);
   else if (name == "remote-fill-queue-bytes") return num(&o->remote_fill_queue_bytes, 0);
   else if (name == "remote-write-queue-bytes") return num(&o->remote_write_queue_bytes, 0);
   else if (name == "remote-write-attempts") return num(&o->remote_write_attempts, 1);

@@ -100,6 +100,10 @@ struct ServerOptions {
   // else detected), template, or qwen | llama3 | mistral | glm4 | plain.
   std::string http_chat_format = "auto";
   uint64_t http_max_body_bytes = uint64_t{16} << 20;  // larger: 413
+  // HTTP connections served at once (a thread each, started on demand) and
+  // how long a request may take to arrive whole (server/http/http_listener.h).
+  int http_max_connections = 512;
+  int64_t http_request_timeout_ms = 30000;
   // Records fetched from the cluster wait for their local write in a queue
   // of at most this many bytes; past it the fill is dropped (counted).
   uint64_t remote_fill_queue_bytes = uint64_t{256} << 20;

@@ -3,8 +3,10 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -17,8 +19,10 @@
 #include "engine/model/model.h"
 #include "server/http/blend_prompt.h"
 #include "server/http/http_errors.h"
+#include "server/http/http_listener.h"
 #include "server/http/openai_request.h"
 #include "server/http/openai_response.h"
+#include "server/metrics.h"
 
 namespace infoflow::server::http {
 
@@ -28,6 +32,9 @@ namespace v1 = ::infoflow::v1;
 namespace {
 
 constexpr char kJson[] = "application/json";
+// Connections the kernel holds for the listener before it accepts them
+// (http_listener.h: the library's 5 made bursts wait seconds).
+constexpr int kListenBacklog = 1024;
 
 std::string ReadTextFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -49,10 +56,16 @@ void LogHttp(const httplib::Request& req, int status, const std::string& error) 
 }  // namespace
 
 struct HttpFrontend::Impl {
+  Impl(const ServiceDeps* deps, const HttpFrontendOptions& o)
+      : d(deps),
+        options(o),
+        server(std::chrono::milliseconds(std::max<int64_t>(1, o.request_timeout_ms)),
+               [this](const std::string& peer) { OnDropped(peer); }) {}
+
   const ServiceDeps* d = nullptr;
   HttpFrontendOptions options;
   RequestContext ctx;
-  httplib::Server server;
+  RequestDeadlineServer server;
   std::thread listener;
   int port = 0;
   int64_t started_at = 0;
@@ -83,6 +96,15 @@ struct HttpFrontend::Impl {
     std::lock_guard<std::mutex> l(mu);
     --active;
     cv.notify_all();
+  }
+
+  // A connection that did not deliver its request within the deadline.
+  void OnDropped(const std::string& peer) {
+    std::fprintf(stderr,
+                 "http connection from %s closed: request not received whole within %lld ms "
+                 "(--http-request-timeout-ms)\n",
+                 peer.c_str(), static_cast<long long>(options.request_timeout_ms));
+    if (d->metrics != nullptr) d->metrics->AddHttpRequestDropped();
   }
 
   absl::Status CheckAuth(const httplib::Request& req) const {
@@ -292,9 +314,7 @@ bool HttpFrontend::Impl::Stream(const OpenAiRequest& r, const QuerySpec& spec,
 
 absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(
     const ServiceDeps* deps, const HttpFrontendOptions& options) {
-  auto impl = std::make_unique<Impl>();
-  impl->d = deps;
-  impl->options = options;
+  auto impl = std::make_unique<Impl>(deps, options);
   if (options.blend_separator.empty()) {
     return absl::InvalidArgumentError("--blend-separator: must not be empty");
   }
@@ -335,8 +355,9 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(
                          .count();
 
   httplib::Server& s = impl->server;
-  const int threads = std::max(2, options.threads);
-  s.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  // A thread per connection, started as they come (http_listener.h).
+  const size_t threads = static_cast<size_t>(std::max(2, options.max_connections));
+  s.new_task_queue = [threads] { return new ElasticThreadPool(threads); };
   s.set_payload_max_length(options.max_body_bytes);
   s.set_keep_alive_timeout(2);  // bounds how long an idle connection delays shutdown
   s.set_read_timeout(10);       // a client that stops sending its body is dropped
@@ -352,6 +373,10 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(
       return absl::UnavailableError(absl::StrCat("--http-listen ", options.listen, ": cannot bind"));
     }
     impl->port = port;
+  }
+  if (!impl->server.WidenListenBacklog(kListenBacklog)) {
+    return absl::UnavailableError(
+        absl::StrCat("--http-listen ", options.listen, ": cannot listen: ", std::strerror(errno)));
   }
   Impl* raw = impl.get();
   impl->listener = std::thread([raw] { raw->server.listen_after_bind(); });

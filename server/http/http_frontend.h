@@ -38,7 +38,12 @@ struct HttpFrontendOptions {
   std::string chat_format = "auto";
   std::string model_dir;              // auto without a template: its tokenizer_config.json
   uint64_t max_body_bytes = uint64_t{16} << 20;  // larger bodies: 413 before they are read
-  int threads = 40;                   // connections served at once
+  // Connections served at once, each on its own thread (started on demand;
+  // past this many, new connections wait for one to close).
+  int max_connections = 512;
+  // Each request's line, headers and body must arrive within this of its
+  // first byte, else the connection is closed (server/http/http_listener.h).
+  int64_t request_timeout_ms = 30000;
 };
 
 class HttpFrontend {

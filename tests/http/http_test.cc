@@ -8,13 +8,16 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
 #include <sstream>
@@ -22,13 +25,12 @@
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/strings/str_replace.h"
 #include "client/chat_presets.h"
 #include "infoflow/v1/infoflow.grpc.pb.h"
 #include "server/http/blend_prompt.h"
 #include "server/http/http_errors.h"
+#include "server/http/http_listener.h"
 #include "server/http/openai_request.h"
 #include "tests/reliability/server_process.h"
 
@@ -368,6 +370,67 @@ struct TempDir {
   static inline int counter = 0;
 };
 
+// ------------------------------------------------------------ listener parts
+
+TEST(ElasticThreadPool, RunsEveryTaskOnAtMostMaxThreads) {
+  std::atomic<int> ran{0}, now{0}, most{0};
+  {
+    ElasticThreadPool pool(4);
+    for (int i = 0; i < 50; ++i) {
+      pool.enqueue([&] {
+        const int n = ++now;
+        int m = most.load();
+        while (n > m && !most.compare_exchange_weak(m, n)) {
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        --now;
+        ++ran;
+      });
+      EXPECT_LE(pool.threads(), 4u);
+    }
+    pool.shutdown();  // runs what is still queued, then joins
+  }
+  EXPECT_EQ(ran.load(), 50);
+  EXPECT_LE(most.load(), 4);
+  EXPECT_GE(most.load(), 2);  // it did run tasks side by side
+}
+
+TEST(ElasticThreadPool, StartsThreadsOnDemandAndIdleOnesExit) {
+  ElasticThreadPool pool(64, std::chrono::milliseconds(100));
+  EXPECT_EQ(pool.threads(), 0u);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  std::atomic<int> started{0};
+  for (int i = 0; i < 8; ++i) {
+    pool.enqueue([&] {
+      ++started;
+      std::unique_lock<std::mutex> l(mu);
+      cv.wait(l, [&] { return release; });
+    });
+  }
+  // Eight tasks that block together need eight threads.
+  for (int i = 0; i < 500 && started.load() < 8; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(started.load(), 8);
+  EXPECT_EQ(pool.threads(), 8u);
+  {
+    std::lock_guard<std::mutex> l(mu);
+    release = true;
+  }
+  cv.notify_all();
+  for (int i = 0; i < 500 && pool.threads() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(pool.threads(), 0u);
+  // And it starts again after they all left (the exited ones are joined).
+  std::atomic<bool> again{false};
+  pool.enqueue([&] { again = true; });
+  pool.shutdown();
+  EXPECT_TRUE(again.load());
+}
+
 int HttpPort(const testing::ServerProcess& srv) {
   std::smatch m;
   const std::string log = srv.log();
@@ -390,6 +453,7 @@ class RawConnection {
   }
   ~RawConnection() { Close(); }
   bool ok() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
   bool Send(const std::string& s) {
     size_t off = 0;
     while (off < s.size()) {
@@ -707,6 +771,94 @@ TEST_F(HttpServerTest, SharesTheAuthTokenWithGrpc) {
   httplib::Client c("127.0.0.1", port_);
   EXPECT_EQ(c.Get("/v1/models")->status, 401);
   EXPECT_EQ(c.Get("/health")->status, 200);  // probes need no token
+}
+
+// A slowloris client: a request line, then a header line now and then, never
+// the blank line. Each held one of the library's 40 pool threads for as long
+// as it trickled (its read timeout is per read), so 45 of them stopped the
+// HTTP API (server/http/http_listener.h). Now each request has a deadline
+// from its first byte, and connections get threads as they come.
+TEST_F(HttpServerTest, SlowSendersDoNotStopTheApiAndAreClosedAtTheDeadline) {
+  StartServer({"--http-request-timeout-ms=60000"});
+  std::vector<std::unique_ptr<RawConnection>> slow;
+  for (int i = 0; i < 64; ++i) {
+    slow.push_back(std::make_unique<RawConnection>(port_));
+    ASSERT_TRUE(slow.back()->ok());
+    ASSERT_TRUE(slow.back()->Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"));
+  }
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {
+    while (!stop.load()) {
+      for (auto& c : slow) c->Send("X-Slow: 1\r\n");
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+  });
+  // Served while all 64 are held (the client gives up after 10 s).
+  httplib::Client c("127.0.0.1", port_);
+  c.set_read_timeout(10);
+  httplib::Result h = c.Get("/health");
+  stop = true;
+  trickle.join();
+  ASSERT_TRUE(h) << "no answer on /health while 64 clients trickle headers";
+  EXPECT_EQ(h->status, 200);
+  slow.clear();
+
+  // With a short deadline, one trickling client is closed soon after it.
+  ASSERT_EQ(srv_->Stop(), 0) << srv_->log();
+  StartServer({"--http-request-timeout-ms=1500"});
+  RawConnection one(port_);
+  ASSERT_TRUE(one.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string answer;
+  bool closed = false;
+  while (!closed && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20)) {
+    if (!one.Send("X-Slow: 1\r\n")) break;
+    pollfd p{one.fd(), POLLIN, 0};
+    if (poll(&p, 1, 300) > 0) {
+      answer = one.ReadUntil("\r\n\r\n");
+      closed = true;
+    }
+  }
+  EXPECT_TRUE(closed) << "a client trickling headers for 20 s was not closed";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));
+  if (!answer.empty()) {
+    EXPECT_EQ(answer.rfind("HTTP/1.1 400", 0), 0u) << answer;
+  }
+  for (int i = 0; i < 50 && srv_->Metrics().find("infoflow_http_requests_dropped_total 1") ==
+                                std::string::npos;
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_NE(srv_->Metrics().find("infoflow_http_requests_dropped_total 1"), std::string::npos);
+  EXPECT_NE(srv_->log().find("closed: request not received whole within 1500 ms"),
+            std::string::npos)
+      << srv_->log();
+  // A request that arrives whole in time on the same server is served.
+  ExpectServing(GrpcAnswer(*srv_, kPrompt));
+}
+
+// 200 clients connecting at once are all served: the library listens with a
+// backlog of 5, and such a burst got connection resets or waited seconds in
+// TCP's retransmission backoff (http_listener.h, WidenListenBacklog).
+TEST_F(HttpServerTest, ABurstOfConnectionsIsServed) {
+  StartServer();
+  constexpr int kClients = 200;
+  std::atomic<int> ok{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&] {
+      while (!go.load()) std::this_thread::yield();
+      httplib::Client c("127.0.0.1", port_);
+      c.set_connection_timeout(30);
+      c.set_read_timeout(30);
+      httplib::Result h = c.Get("/health");
+      if (h && h->status == 200) ++ok;
+    });
+  }
+  go = true;
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(ok.load(), kClients);
 }
 
 TEST_F(HttpServerTest, StreamsServerSentEventsWithUsage) {

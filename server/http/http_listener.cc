@@ -1,0 +1,292 @@
+#include "server/http/http_listener.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+namespace infoflow::server::http {
+
+// ------------------------------------------------------------ thread pool
+
+ElasticThreadPool::ElasticThreadPool(size_t max_threads, std::chrono::milliseconds idle_exit)
+    : max_threads_(std::max<size_t>(1, max_threads)), idle_exit_(idle_exit) {}
+
+ElasticThreadPool::~ElasticThreadPool() { shutdown(); }
+
+void ElasticThreadPool::enqueue(std::function<void()> fn) {
+  std::vector<std::thread> done;
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    if (stop_) {
+      // Not expected (the library stops accepting first), but a connection
+      // must still be closed: its task sees the listener gone and does so.
+      l.unlock();
+      fn();
+      return;
+    }
+    // Threads that exited while idle: join them here, off the workers.
+    for (std::thread::id id : exited_) {
+      auto it = std::find_if(threads_.begin(), threads_.end(),
+                             [&](const std::thread& t) { return t.get_id() == id; });
+      if (it != threads_.end()) {
+        done.push_back(std::move(*it));
+        threads_.erase(it);
+      }
+    }
+    exited_.clear();
+    tasks_.push_back(std::move(fn));
+    // More tasks than threads waiting for one: start a thread, if allowed.
+    if (tasks_.size() > idle_ && alive_ < max_threads_) {
+      ++alive_;
+      threads_.emplace_back([this] { Worker(); });
+    }
+  }
+  cv_.notify_one();
+  for (std::thread& t : done) t.join();
+}
+
+void ElasticThreadPool::shutdown() {
+  std::vector<std::thread> all;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+    all.swap(threads_);
+    exited_.clear();
+  }
+  cv_.notify_all();
+  for (std::thread& t : all) t.join();
+}
+
+size_t ElasticThreadPool::threads() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return alive_;
+}
+
+size_t ElasticThreadPool::waiting() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return tasks_.size();
+}
+
+void ElasticThreadPool::Worker() {
+  std::unique_lock<std::mutex> l(mu_);
+  while (true) {
+    ++idle_;
+    const bool woke = cv_.wait_for(l, idle_exit_, [&] { return stop_ || !tasks_.empty(); });
+    --idle_;
+    if (!tasks_.empty()) {  // queued tasks run even after shutdown() began
+      std::function<void()> fn = std::move(tasks_.front());
+      tasks_.pop_front();
+      l.unlock();
+      fn();
+      l.lock();
+      continue;
+    }
+    if (stop_ || !woke) {
+      --alive_;
+      if (!stop_) exited_.push_back(std::this_thread::get_id());
+      return;
+    }
+  }
+}
+
+// ------------------------------------------------------------ the server
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// poll() on one descriptor, retried on EINTR; the timeout in ms (0 = now).
+int PollOne(int fd, short events, int timeout_ms) {
+  pollfd p{fd, events, 0};
+  while (true) {
+    const int r = ::poll(&p, 1, timeout_ms);
+    if (r >= 0 || errno != EINTR) return r;
+  }
+}
+
+void AddressOf(int fd, bool peer, std::string& ip, int& port) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof(a);
+  const int r = peer ? ::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len)
+                     : ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  if (r != 0) return;
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (a.ss_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
+    ::inet_ntop(AF_INET, &v4->sin_addr, buf, sizeof(buf));
+    port = ntohs(v4->sin_port);
+  } else if (a.ss_family == AF_INET6) {
+    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
+    ::inet_ntop(AF_INET6, &v6->sin6_addr, buf, sizeof(buf));
+    port = ntohs(v6->sin6_port);
+  }
+  ip = buf;
+}
+
+// One connection's socket as an httplib::Stream. Reads are buffered (the
+// library reads a request's line and headers a byte at a time) and each
+// waits at most the per-read timeout and never past the request's deadline;
+// once that passes every read fails, so the library gives up on the request.
+// Waits are sliced so a stopping server is noticed within kSliceMs.
+class DeadlineSocketStream final : public httplib::Stream {
+ public:
+  static constexpr int kSliceMs = 200;
+
+  DeadlineSocketStream(int sock, std::chrono::milliseconds read_timeout,
+                       std::chrono::milliseconds write_timeout,
+                       const std::atomic<socket_t>* listening)
+      : sock_(sock),
+        read_timeout_(read_timeout),
+        write_timeout_(write_timeout),
+        listening_(listening) {}
+
+  // Waits up to `timeout` for the next request's first byte; false when
+  // none came, the peer closed, or the server is stopping.
+  bool AwaitRequest(std::chrono::milliseconds timeout) {
+    if (off_ < len_) return true;
+    return Wait(POLLIN, Clock::now() + timeout);
+  }
+  // The request starting now must be read whole by `deadline`.
+  void StartRequest(Clock::time_point deadline) {
+    deadline_ = deadline;
+    expired_ = false;
+  }
+  bool expired() const { return expired_; }
+
+  bool is_readable() const override {
+    return off_ < len_ || const_cast<DeadlineSocketStream*>(this)->WaitToRead();
+  }
+  bool is_writable() const override {
+    return const_cast<DeadlineSocketStream*>(this)->Wait(POLLOUT, Clock::now() + write_timeout_) &&
+           PeerOpen();
+  }
+  ssize_t read(char* ptr, size_t size) override {
+    if (off_ == len_) {
+      if (!WaitToRead()) return -1;
+      // A large read (a body) goes straight to the caller's buffer.
+      if (size >= sizeof(buf_)) return Recv(ptr, size);
+      const ssize_t n = Recv(buf_, sizeof(buf_));
+      if (n <= 0) return n;
+      off_ = 0;
+      len_ = static_cast<size_t>(n);
+    }
+    const size_t k = std::min(size, len_ - off_);
+    std::memcpy(ptr, buf_ + off_, k);
+    off_ += k;
+    return static_cast<ssize_t>(k);
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    if (!is_writable()) return -1;
+    while (true) {
+      const ssize_t n = ::send(sock_, ptr, size, MSG_NOSIGNAL);
+      if (n >= 0 || errno != EINTR) return n;
+    }
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    AddressOf(sock_, /*peer=*/true, ip, port);
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    AddressOf(sock_, /*peer=*/false, ip, port);
+  }
+  socket_t socket() const override { return sock_; }
+
+ private:
+  // Waits for input within both the per-read timeout and the deadline.
+  bool WaitToRead() {
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline_) {
+      expired_ = true;
+      return false;
+    }
+    const bool deadline_first = deadline_ <= now + read_timeout_;
+    if (Wait(POLLIN, deadline_first ? deadline_ : now + read_timeout_)) return true;
+    // Nothing came in time; the deadline's fault unless the server stopped.
+    if (deadline_first && listening_->load() != INVALID_SOCKET) expired_ = true;
+    return false;
+  }
+  // Polls for `events` until `until`, in slices, while the server listens.
+  bool Wait(short events, Clock::time_point until) {
+    while (listening_->load() != INVALID_SOCKET) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()).count();
+      if (left <= 0) return PollOne(sock_, events, 0) > 0;
+      const int r = PollOne(sock_, events, static_cast<int>(std::min<int64_t>(left, kSliceMs)));
+      if (r != 0) return r > 0;
+    }
+    return false;
+  }
+  // Whether the peer has not closed (what the library asks before each
+  // streamed write, so a client that went away cancels its query).
+  bool PeerOpen() const {
+    if (PollOne(sock_, POLLIN, 0) <= 0) return true;
+    char c;
+    const ssize_t n = ::recv(sock_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+  }
+  ssize_t Recv(char* ptr, size_t size) {
+    while (true) {
+      const ssize_t n = ::recv(sock_, ptr, size, 0);
+      if (n >= 0 || errno != EINTR) return n;
+    }
+  }
+
+  const int sock_;
+  const std::chrono::milliseconds read_timeout_, write_timeout_;
+  const std::atomic<socket_t>* listening_;
+  Clock::time_point deadline_ = Clock::time_point::max();
+  bool expired_ = false;
+  char buf_[4096];
+  size_t off_ = 0, len_ = 0;
+};
+
+std::chrono::milliseconds Ms(time_t sec, time_t usec) {
+  return std::chrono::milliseconds(sec * 1000 + usec / 1000);
+}
+
+}  // namespace
+
+RequestDeadlineServer::RequestDeadlineServer(std::chrono::milliseconds request_timeout,
+                                             std::function<void(const std::string&)> on_dropped)
+    : request_timeout_(request_timeout), on_dropped_(std::move(on_dropped)) {}
+
+bool RequestDeadlineServer::WidenListenBacklog(int backlog) {
+  const socket_t sock = svr_sock_.load();
+  return sock != INVALID_SOCKET && ::listen(sock, backlog) == 0;
+}
+
+// The library's own loop (detail::process_server_socket), with our stream.
+bool RequestDeadlineServer::process_and_close_socket(socket_t sock) {
+  DeadlineSocketStream strm(sock, Ms(read_timeout_sec_, read_timeout_usec_),
+                            Ms(write_timeout_sec_, write_timeout_usec_), &svr_sock_);
+  bool ok = false;
+  for (size_t left = keep_alive_max_count_; left > 0; --left) {
+    if (!strm.AwaitRequest(std::chrono::seconds(keep_alive_timeout_sec_))) break;
+    strm.StartRequest(Clock::now() + request_timeout_);
+    bool connection_closed = false;
+    ok = process_request(strm, /*close_connection=*/left == 1, connection_closed,
+                         [](httplib::Request&) {});
+    if (strm.expired()) {
+      dropped_.fetch_add(1);
+      if (on_dropped_) {
+        std::string ip;
+        int port = 0;
+        strm.get_remote_ip_and_port(ip, port);
+        on_dropped_(ip + ":" + std::to_string(port));
+      }
+      ok = false;
+      break;
+    }
+    if (!ok || connection_closed) break;
+  }
+  ::shutdown(sock, SHUT_RDWR);
+  ::close(sock);
+  return ok;
+}
+
+}  // namespace infoflow::server::http
