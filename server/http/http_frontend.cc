@@ -242,10 +242,10 @@ void HttpFrontend::Impl::HandleQuery(const httplib::Request& req, httplib::Respo
 void HttpFrontend::Impl::Respond(const OpenAiRequest& r, const QuerySpec& spec,
                                  httplib::Response& res, const std::string& origin) {
   QueryStreamIo io;
-  // The whole text comes back in the outcome; a cut connection is only seen
-  // when the answer is written (cpp-httplib 0.11 does not report it sooner).
+  // The whole text comes back in the outcome. A client that closed its
+  // connection cancels the query (polled with the scheduler's wait).
   io.write_token = [](int32_t, std::string_view) { return true; };
-  io.cancelled = [this] { return cancel_all.load(); };
+  io.cancelled = [this] { return cancel_all.load() || RequestDeadlineServer::ClientGone(); };
   io.deadline_passed = [] { return false; };
   QueryRun run = ExecuteQuery(*d, spec, io);
   LogQuery(origin, r.query.chunks_size(), spec, run.status, run.outcome);

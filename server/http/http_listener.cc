@@ -197,6 +197,15 @@ class DeadlineSocketStream final : public httplib::Stream {
   }
   socket_t socket() const override { return sock_; }
 
+  // Whether the peer has not closed (what the library asks before each
+  // streamed write, so a client that went away cancels its query).
+  bool PeerOpen() const {
+    if (PollOne(sock_, POLLIN, 0) <= 0) return true;
+    char c;
+    const ssize_t n = ::recv(sock_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+  }
+
  private:
   // Waits for input within both the per-read timeout and the deadline.
   bool WaitToRead() {
@@ -221,14 +230,6 @@ class DeadlineSocketStream final : public httplib::Stream {
     }
     return false;
   }
-  // Whether the peer has not closed (what the library asks before each
-  // streamed write, so a client that went away cancels its query).
-  bool PeerOpen() const {
-    if (PollOne(sock_, POLLIN, 0) <= 0) return true;
-    char c;
-    const ssize_t n = ::recv(sock_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
-  }
   ssize_t Recv(char* ptr, size_t size) {
     while (true) {
       const ssize_t n = ::recv(sock_, ptr, size, 0);
@@ -245,6 +246,9 @@ class DeadlineSocketStream final : public httplib::Stream {
   size_t off_ = 0, len_ = 0;
 };
 
+// The connection whose request this thread is handling (ClientGone).
+thread_local const DeadlineSocketStream* current_connection = nullptr;
+
 std::chrono::milliseconds Ms(time_t sec, time_t usec) {
   return std::chrono::milliseconds(sec * 1000 + usec / 1000);
 }
@@ -260,6 +264,10 @@ bool RequestDeadlineServer::WidenListenBacklog(int backlog) {
   return sock != INVALID_SOCKET && ::listen(sock, backlog) == 0;
 }
 
+bool RequestDeadlineServer::ClientGone() {
+  return current_connection != nullptr && !current_connection->PeerOpen();
+}
+
 // The library's own loop (detail::process_server_socket), with our stream.
 bool RequestDeadlineServer::process_and_close_socket(socket_t sock) {
   DeadlineSocketStream strm(sock, Ms(read_timeout_sec_, read_timeout_usec_),
@@ -269,8 +277,10 @@ bool RequestDeadlineServer::process_and_close_socket(socket_t sock) {
     if (!strm.AwaitRequest(std::chrono::seconds(keep_alive_timeout_sec_))) break;
     strm.StartRequest(Clock::now() + request_timeout_);
     bool connection_closed = false;
+    current_connection = &strm;
     ok = process_request(strm, /*close_connection=*/left == 1, connection_closed,
                          [](httplib::Request&) {});
+    current_connection = nullptr;
     if (strm.expired()) {
       dropped_.fetch_add(1);
       if (on_dropped_) {

@@ -85,6 +85,12 @@ class RequestDeadlineServer : public httplib::Server {
 
   uint64_t dropped() const { return dropped_.load(); }  // connections closed at the deadline
 
+  // Whether the client of the request this thread is handling has closed
+  // its connection (false outside a handler of this server). A handler that
+  // answers in one piece polls it to stop work that nobody will read; a
+  // streamed answer finds out when its next write fails.
+  static bool ClientGone();
+
   // Call after bind_to_port / bind_to_any_port: re-listens the bound socket
   // with room for `backlog` connections not yet accepted (the kernel caps it
   // at net.core.somaxconn). The library listens with a backlog of 5, and a

@@ -861,6 +861,29 @@ TEST_F(HttpServerTest, ABurstOfConnectionsIsServed) {
   EXPECT_EQ(ok.load(), kClients);
 }
 
+// A client that sends a non-streamed request and closes its connection
+// cancels the query: nobody will read the answer, so it should not hold a
+// running slot to max_tokens (before, it ran to the end).
+TEST_F(HttpServerTest, AClosedConnectionCancelsANonStreamedQuery) {
+  StartServer({"--max-new-tokens=3000"});
+  json body = CompletionBody(false, 3000);
+  body["min_tokens"] = 3000;  // no early stop: only a cancel ends it sooner
+  {
+    RawConnection conn(port_);
+    ASSERT_TRUE(conn.Send(PostRequest("/v1/completions", body.dump())));
+  }  // closed
+  std::smatch m;
+  const std::regex line("http=/v1/completions [^\n]* generated=(\\d+) [^\n]*status=(\\w+)");
+  std::string log;
+  for (int i = 0; i < 600 && !std::regex_search(log = srv_->log(), m, line); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_FALSE(m.empty()) << log;
+  EXPECT_EQ(m[2].str(), "CANCELLED") << m[0].str();
+  EXPECT_LT(std::stoi(m[1].str()), 3000) << m[0].str();
+  ExpectServing(GrpcAnswer(*srv_, kPrompt));
+}
+
 TEST_F(HttpServerTest, StreamsServerSentEventsWithUsage) {
   StartServer();
   json body = CompletionBody(true);
