@@ -365,7 +365,7 @@ struct Metrics::Impl {
   prometheus::Counter* prefix_prefilled = nullptr;
   prometheus::Counter* prefix_cached = nullptr;
   prometheus::Counter* prefix_prefilled_tokens = nullptr;
-  prometheus::Counter* http_dropped = nullptr;
+  prometheus::Family<prometheus::Counter>* http_dropped = nullptr;
   prometheus::Gauge* inflight = nullptr;
   prometheus::Histogram* batch_size = nullptr;
   prometheus::Histogram* queue_wait = nullptr;
@@ -423,10 +423,12 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& liste
   impl->http_dropped = &prometheus::BuildCounter()
                             .Name("infoflow_http_requests_dropped_total")
                             .Help(
-                                "HTTP connections closed because a request did not arrive "
-                                "whole within --http-request-timeout-ms.")
-                            .Register(r)
-                            .Add({});
+                                "HTTP connections closed for how their request arrived: "
+                                "reason=deadline (not whole within --http-request-timeout-ms), "
+                                "head_too_large (request line and headers over 64 KiB).")
+                            .Register(r);
+  impl->http_dropped->Add({{"reason", "deadline"}});
+  impl->http_dropped->Add({{"reason", "head_too_large"}});
   impl->inflight = &prometheus::BuildGauge()
                         .Name("infoflow_inflight_streams")
                         .Help("Query streams being served.")
@@ -492,7 +494,9 @@ void Metrics::ObserveQuery(const std::string& method, double ttft_seconds,
 }
 
 void Metrics::AddIngestTokens(int64_t n) { impl_->ingest_tokens->Increment(static_cast<double>(n)); }
-void Metrics::AddHttpRequestDropped() { impl_->http_dropped->Increment(); }
+void Metrics::AddHttpRequestDropped(const std::string& reason) {
+  impl_->http_dropped->Add({{"reason", reason}}).Increment();
+}
 void Metrics::AddInflightStreams(int delta) { impl_->inflight->Increment(delta); }
 void Metrics::ObserveBatchSize(int requests) { impl_->batch_size->Observe(requests); }
 void Metrics::ObserveQueueWait(double seconds) { impl_->queue_wait->Observe(seconds); }

@@ -51,8 +51,9 @@ class Metrics {
                     int64_t generated_tokens);
   void AddIngestTokens(int64_t n);
   void AddInflightStreams(int delta);
-  // An HTTP connection closed at --http-request-timeout-ms.
-  void AddHttpRequestDropped();
+  // An HTTP connection closed for how its request arrived: `reason` is
+  // "deadline" (--http-request-timeout-ms) or "head_too_large".
+  void AddHttpRequestDropped(const std::string& reason);
   // Scheduler (server/scheduler.h): requests per batched decode step, time
   // a request waited in the queue, time between consecutive tokens of a
   // request.

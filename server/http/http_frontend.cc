@@ -35,6 +35,9 @@ constexpr char kJson[] = "application/json";
 // Connections the kernel holds for the listener before it accepts them
 // (http_listener.h: the library's 5 made bursts wait seconds).
 constexpr int kListenBacklog = 1024;
+// Request line plus headers (nginx's default allows 4 x 8 KiB lines; the
+// library caps one line at 8 KiB but not their number).
+constexpr size_t kMaxRequestHeadBytes = 64 << 10;
 
 std::string ReadTextFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -60,7 +63,8 @@ struct HttpFrontend::Impl {
       : d(deps),
         options(o),
         server(std::chrono::milliseconds(std::max<int64_t>(1, o.request_timeout_ms)),
-               [this](const std::string& peer) { OnDropped(peer); }) {}
+               kMaxRequestHeadBytes,
+               [this](const std::string& peer, RequestFailure why) { OnDropped(peer, why); }) {}
 
   const ServiceDeps* d = nullptr;
   HttpFrontendOptions options;
@@ -98,13 +102,22 @@ struct HttpFrontend::Impl {
     cv.notify_all();
   }
 
-  // A connection that did not deliver its request within the deadline.
-  void OnDropped(const std::string& peer) {
-    std::fprintf(stderr,
-                 "http connection from %s closed: request not received whole within %lld ms "
-                 "(--http-request-timeout-ms)\n",
-                 peer.c_str(), static_cast<long long>(options.request_timeout_ms));
-    if (d->metrics != nullptr) d->metrics->AddHttpRequestDropped();
+  // A connection closed for how it sent its request.
+  void OnDropped(const std::string& peer, RequestFailure why) {
+    if (why == RequestFailure::kDeadline) {
+      std::fprintf(stderr,
+                   "http connection from %s closed: request not received whole within %lld ms "
+                   "(--http-request-timeout-ms)\n",
+                   peer.c_str(), static_cast<long long>(options.request_timeout_ms));
+    } else {
+      std::fprintf(stderr,
+                   "http connection from %s closed: request line and headers over %zu bytes\n",
+                   peer.c_str(), kMaxRequestHeadBytes);
+    }
+    if (d->metrics != nullptr) {
+      d->metrics->AddHttpRequestDropped(why == RequestFailure::kDeadline ? "deadline"
+                                                                         : "head_too_large");
+    }
   }
 
   absl::Status CheckAuth(const httplib::Request& req) const {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -153,12 +154,18 @@ class DeadlineSocketStream final : public httplib::Stream {
     if (off_ < len_) return true;
     return Wait(POLLIN, Clock::now() + timeout);
   }
-  // The request starting now must be read whole by `deadline`.
-  void StartRequest(Clock::time_point deadline) {
+  // The request starting now must be read whole by `deadline`, its head
+  // (request line and headers) within `max_head_bytes`.
+  void StartRequest(Clock::time_point deadline, size_t max_head_bytes) {
     deadline_ = deadline;
-    expired_ = false;
+    max_head_bytes_ = max_head_bytes;
+    failure_ = RequestFailure::kNone;
+    head_bytes_ = 0;
+    head_tail_ = 0;
+    head_done_ = false;
   }
-  bool expired() const { return expired_; }
+  // Why reading the request was cut short, if it was.
+  RequestFailure failure() const { return failure_; }
 
   bool is_readable() const override {
     return off_ < len_ || const_cast<DeadlineSocketStream*>(this)->WaitToRead();
@@ -168,19 +175,26 @@ class DeadlineSocketStream final : public httplib::Stream {
            PeerOpen();
   }
   ssize_t read(char* ptr, size_t size) override {
-    if (off_ == len_) {
-      if (!WaitToRead()) return -1;
-      // A large read (a body) goes straight to the caller's buffer.
-      if (size >= sizeof(buf_)) return Recv(ptr, size);
+    if (failure_ != RequestFailure::kNone) return -1;
+    ssize_t got;
+    if (off_ < len_) {
+      const size_t k = std::min(size, len_ - off_);
+      std::memcpy(ptr, buf_ + off_, k);
+      off_ += k;
+      got = static_cast<ssize_t>(k);
+    } else if (!WaitToRead()) {
+      return -1;
+    } else if (size >= sizeof(buf_)) {
+      got = Recv(ptr, size);  // a large read (a body) goes straight to the caller
+    } else {
       const ssize_t n = Recv(buf_, sizeof(buf_));
       if (n <= 0) return n;
       off_ = 0;
       len_ = static_cast<size_t>(n);
+      return read(ptr, size);
     }
-    const size_t k = std::min(size, len_ - off_);
-    std::memcpy(ptr, buf_ + off_, k);
-    off_ += k;
-    return static_cast<ssize_t>(k);
+    if (got > 0 && !CountHead(ptr, static_cast<size_t>(got))) return -1;
+    return got;
   }
   ssize_t write(const char* ptr, size_t size) override {
     if (!is_writable()) return -1;
@@ -207,17 +221,33 @@ class DeadlineSocketStream final : public httplib::Stream {
   }
 
  private:
+  // Counts bytes handed to the library until the head ends (a line that is
+  // only CRLF, so the bytes "\n\r\n"); false once the head is over its cap.
+  // The library keeps every header line (each up to 8 KiB) with no limit on
+  // their number: without this a client streamed 136 MB of headers in 8 s
+  // and the server's RSS grew by 190 MB, all within the deadline.
+  bool CountHead(const char* p, size_t n) {
+    for (size_t i = 0; i < n && !head_done_; ++i) {
+      head_tail_ = ((head_tail_ << 8) | static_cast<unsigned char>(p[i])) & 0xFFFFFF;
+      ++head_bytes_;
+      head_done_ = head_tail_ == 0x0A0D0A;  // "\n\r\n"
+    }
+    if (head_done_ || head_bytes_ <= max_head_bytes_) return true;
+    failure_ = RequestFailure::kHeadTooLarge;
+    return false;
+  }
   // Waits for input within both the per-read timeout and the deadline.
   bool WaitToRead() {
     const Clock::time_point now = Clock::now();
     if (now >= deadline_) {
-      expired_ = true;
+      failure_ = RequestFailure::kDeadline;
       return false;
     }
     const bool deadline_first = deadline_ <= now + read_timeout_;
     if (Wait(POLLIN, deadline_first ? deadline_ : now + read_timeout_)) return true;
     // Nothing came in time; the deadline's fault unless the server stopped.
-    if (deadline_first && listening_->load() != INVALID_SOCKET) expired_ = true;
+    if (deadline_first && listening_->load() != INVALID_SOCKET)
+      failure_ = RequestFailure::kDeadline;
     return false;
   }
   // Polls for `events` until `until`, in slices, while the server listens.
@@ -241,7 +271,10 @@ class DeadlineSocketStream final : public httplib::Stream {
   const std::chrono::milliseconds read_timeout_, write_timeout_;
   const std::atomic<socket_t>* listening_;
   Clock::time_point deadline_ = Clock::time_point::max();
-  bool expired_ = false;
+  size_t max_head_bytes_ = SIZE_MAX, head_bytes_ = 0;
+  uint32_t head_tail_ = 0;  // the last three bytes of the head read so far
+  bool head_done_ = false;
+  RequestFailure failure_ = RequestFailure::kNone;
   char buf_[4096];
   size_t off_ = 0, len_ = 0;
 };
@@ -256,8 +289,10 @@ std::chrono::milliseconds Ms(time_t sec, time_t usec) {
 }  // namespace
 
 RequestDeadlineServer::RequestDeadlineServer(std::chrono::milliseconds request_timeout,
-                                             std::function<void(const std::string&)> on_dropped)
-    : request_timeout_(request_timeout), on_dropped_(std::move(on_dropped)) {}
+                                             size_t max_head_bytes, DroppedCallback on_dropped)
+    : request_timeout_(request_timeout),
+      max_head_bytes_(max_head_bytes),
+      on_dropped_(std::move(on_dropped)) {}
 
 bool RequestDeadlineServer::WidenListenBacklog(int backlog) {
   const socket_t sock = svr_sock_.load();
@@ -275,19 +310,19 @@ bool RequestDeadlineServer::process_and_close_socket(socket_t sock) {
   bool ok = false;
   for (size_t left = keep_alive_max_count_; left > 0; --left) {
     if (!strm.AwaitRequest(std::chrono::seconds(keep_alive_timeout_sec_))) break;
-    strm.StartRequest(Clock::now() + request_timeout_);
+    strm.StartRequest(Clock::now() + request_timeout_, max_head_bytes_);
     bool connection_closed = false;
     current_connection = &strm;
     ok = process_request(strm, /*close_connection=*/left == 1, connection_closed,
                          [](httplib::Request&) {});
     current_connection = nullptr;
-    if (strm.expired()) {
+    if (strm.failure() != RequestFailure::kNone) {
       dropped_.fetch_add(1);
       if (on_dropped_) {
         std::string ip;
         int port = 0;
         strm.get_remote_ip_and_port(ip, port);
-        on_dropped_(ip + ":" + std::to_string(port));
+        on_dropped_(ip + ":" + std::to_string(port), strm.failure());
       }
       ok = false;
       break;

@@ -10,8 +10,9 @@
 // 4 s, and GET /health got no answer in 25 s.
 //
 //  - RequestDeadlineServer reads each request (request line, headers, body)
-//    under one deadline counted from its first byte. A client that has not
-//    delivered the whole request by then is answered 400 where the library
+//    under one deadline counted from its first byte, and caps the bytes of
+//    its request line and headers (the library caps each header line, not
+//    their number). A client past either is answered 400 where the library
 //    still can, and its connection is closed.
 //  - ElasticThreadPool starts a thread per connection as they arrive, up to
 //    a cap, and lets a thread that has been idle for a while exit: the cap
@@ -71,19 +72,30 @@ class ElasticThreadPool : public httplib::TaskQueue {
   bool stop_ = false;
 };
 
+// Why a connection's request was cut short.
+enum class RequestFailure {
+  kNone,
+  kDeadline,      // not whole within the request timeout
+  kHeadTooLarge,  // request line and headers over the byte cap
+};
+
 // An httplib::Server whose connections must deliver each request whole
-// within `request_timeout` of its first byte (else: closed, and reported to
-// `on_dropped` with the peer's "ip:port"; it may be empty). Everything else is the library's:
-// routing, keep-alive (at most keep_alive_max_count requests, each awaited
-// for keep_alive_timeout), the per-read and per-write timeouts. Each request
-// of a keep-alive connection gets its own deadline; writing a response is
-// not under it (a slow reader is bounded by the write timeout).
+// within `request_timeout` of its first byte, with at most `max_head_bytes`
+// of request line and headers. A request that breaks either is answered 400
+// where the library still can, its connection closed and reported to
+// `on_dropped` (may be empty) with the peer's "ip:port". Everything else is
+// the library's: routing, keep-alive (at most keep_alive_max_count requests,
+// each awaited for keep_alive_timeout), the per-read and per-write timeouts,
+// the body limit. Each request of a keep-alive connection gets its own
+// deadline; writing a response is not under it (a slow reader is bounded by
+// the write timeout).
 class RequestDeadlineServer : public httplib::Server {
  public:
-  RequestDeadlineServer(std::chrono::milliseconds request_timeout,
-                        std::function<void(const std::string& peer)> on_dropped);
+  using DroppedCallback = std::function<void(const std::string& peer, RequestFailure why)>;
+  RequestDeadlineServer(std::chrono::milliseconds request_timeout, size_t max_head_bytes,
+                        DroppedCallback on_dropped);
 
-  uint64_t dropped() const { return dropped_.load(); }  // connections closed at the deadline
+  uint64_t dropped() const { return dropped_.load(); }  // connections closed by either limit
 
   // Whether the client of the request this thread is handling has closed
   // its connection (false outside a handler of this server). A handler that
@@ -106,7 +118,8 @@ class RequestDeadlineServer : public httplib::Server {
   bool process_and_close_socket(socket_t sock) override;
 
   const std::chrono::milliseconds request_timeout_;
-  const std::function<void(const std::string& peer)> on_dropped_;
+  const size_t max_head_bytes_;
+  const DroppedCallback on_dropped_;
   std::atomic<uint64_t> dropped_{0};
 };
 
