@@ -425,10 +425,13 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& liste
                             .Help(
                                 "HTTP connections closed for how their request arrived: "
                                 "reason=deadline (not whole within --http-request-timeout-ms), "
-                                "head_too_large (request line and headers over 64 KiB).")
+                                "head_too_large (request line and headers over 64 KiB), "
+                                "body_too_large (a chunked body over --http-max-body-bytes), "
+                                "bodies_budget (bodies in flight over 16 x that).")
                             .Register(r);
-  impl->http_dropped->Add({{"reason", "deadline"}});
-  impl->http_dropped->Add({{"reason", "head_too_large"}});
+  for (const char* reason : {"deadline", "head_too_large", "body_too_large", "bodies_budget"}) {
+    impl->http_dropped->Add({{"reason", reason}});
+  }
   impl->inflight = &prometheus::BuildGauge()
                         .Name("infoflow_inflight_streams")
                         .Help("Query streams being served.")

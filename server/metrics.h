@@ -52,7 +52,8 @@ class Metrics {
   void AddIngestTokens(int64_t n);
   void AddInflightStreams(int delta);
   // An HTTP connection closed for how its request arrived: `reason` is
-  // "deadline" (--http-request-timeout-ms) or "head_too_large".
+  // "deadline" (--http-request-timeout-ms), "head_too_large",
+  // "body_too_large" or "bodies_budget".
   void AddHttpRequestDropped(const std::string& reason);
   // Scheduler (server/scheduler.h): requests per batched decode step, time
   // a request waited in the queue, time between consecutive tokens of a

@@ -39,6 +39,20 @@ constexpr int kListenBacklog = 1024;
 // library caps one line at 8 KiB but not their number).
 constexpr size_t kMaxRequestHeadBytes = 64 << 10;
 
+// What a request may take to arrive (http_listener.h). A body as sent may
+// be the limit plus room for chunked framing (a chunk's size line and CRLFs:
+// 8% of 64-byte chunks); a Content-Length over the limit is refused (413) by
+// the library before any of it is read, so this bounds chunked bodies. The
+// bodies of all requests in flight: 16 of the largest at once.
+RequestLimits Limits(const HttpFrontendOptions& o) {
+  RequestLimits l;
+  l.timeout = std::chrono::milliseconds(std::max<int64_t>(1, o.request_timeout_ms));
+  l.max_head_bytes = kMaxRequestHeadBytes;
+  l.max_body_bytes = static_cast<size_t>(o.max_body_bytes + o.max_body_bytes / 4 + (64 << 10));
+  l.max_inflight_body_bytes = static_cast<size_t>(16 * o.max_body_bytes);
+  return l;
+}
+
 std::string ReadTextFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;
@@ -60,11 +74,9 @@ void LogHttp(const httplib::Request& req, int status, const std::string& error) 
 
 struct HttpFrontend::Impl {
   Impl(const ServiceDeps* deps, const HttpFrontendOptions& o)
-      : d(deps),
-        options(o),
-        server(std::chrono::milliseconds(std::max<int64_t>(1, o.request_timeout_ms)),
-               kMaxRequestHeadBytes,
-               [this](const std::string& peer, RequestFailure why) { OnDropped(peer, why); }) {}
+      : d(deps), options(o), server(Limits(o), [this](const std::string& peer, RequestFailure why) {
+          OnDropped(peer, why);
+        }) {}
 
   const ServiceDeps* d = nullptr;
   HttpFrontendOptions options;
@@ -102,22 +114,34 @@ struct HttpFrontend::Impl {
     cv.notify_all();
   }
 
-  // A connection closed for how it sent its request.
+  // A connection closed for how it sent its request: logged and counted.
   void OnDropped(const std::string& peer, RequestFailure why) {
-    if (why == RequestFailure::kDeadline) {
-      std::fprintf(stderr,
-                   "http connection from %s closed: request not received whole within %lld ms "
-                   "(--http-request-timeout-ms)\n",
-                   peer.c_str(), static_cast<long long>(options.request_timeout_ms));
-    } else {
-      std::fprintf(stderr,
-                   "http connection from %s closed: request line and headers over %zu bytes\n",
-                   peer.c_str(), kMaxRequestHeadBytes);
+    std::string reason, what;
+    switch (why) {
+      case RequestFailure::kNone:
+        return;
+      case RequestFailure::kDeadline:
+        reason = "deadline";
+        what = absl::StrCat("request not received whole within ", options.request_timeout_ms,
+                            " ms (--http-request-timeout-ms)");
+        break;
+      case RequestFailure::kHeadTooLarge:
+        reason = "head_too_large";
+        what = absl::StrCat("request line and headers over ", kMaxRequestHeadBytes, " bytes");
+        break;
+      case RequestFailure::kBodyTooLarge:
+        reason = "body_too_large";
+        what = absl::StrCat("chunked request body over --http-max-body-bytes (",
+                            options.max_body_bytes, ")");
+        break;
+      case RequestFailure::kBodiesBudget:
+        reason = "bodies_budget";
+        what = absl::StrCat("request bodies in flight over ", 16 * options.max_body_bytes,
+                            " bytes (16 x --http-max-body-bytes)");
+        break;
     }
-    if (d->metrics != nullptr) {
-      d->metrics->AddHttpRequestDropped(why == RequestFailure::kDeadline ? "deadline"
-                                                                         : "head_too_large");
-    }
+    std::fprintf(stderr, "http connection from %s closed: %s\n", peer.c_str(), what.c_str());
+    if (d->metrics != nullptr) d->metrics->AddHttpRequestDropped(reason);
   }
 
   absl::Status CheckAuth(const httplib::Request& req) const {
@@ -172,8 +196,25 @@ void HttpFrontend::Impl::Routes() {
   });
   // Statuses set by the library itself (unknown path 404, body over the
   // limit 413, unreadable request 400) get an OpenAI error body too.
-  server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  server.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
+    // The listener cut the request short: say which limit, with its status.
+    switch (RequestDeadlineServer::CurrentRequestFailure()) {
+      case RequestFailure::kNone:
+        break;
+      case RequestFailure::kDeadline:
+        res.status = 408;
+        break;
+      case RequestFailure::kHeadTooLarge:
+        res.status = 431;
+        break;
+      case RequestFailure::kBodyTooLarge:
+        res.status = 413;
+        break;
+      case RequestFailure::kBodiesBudget:
+        res.status = 429;
+        break;
+    }
     HttpError e;
     e.http_status = res.status;
     e.type = "invalid_request_error";
@@ -184,6 +225,17 @@ void HttpFrontend::Impl::Routes() {
       e.message = "body: the request body is over the server's limit (--http-max-body-bytes)";
       e.param = "body";
       e.code = "request_too_large";
+    } else if (res.status == 408) {
+      e.message = absl::StrCat("request: not received whole within ", options.request_timeout_ms,
+                               " ms of its first byte (--http-request-timeout-ms)");
+      e.code = "request_timeout";
+    } else if (res.status == 429) {  // only the listener's budget reaches here
+      e.message = "server: too many request bodies in flight; retry later";
+      e.code = "server_busy";
+    } else if (res.status == 431) {
+      e.message = absl::StrCat("headers: the request line and headers are over ",
+                               kMaxRequestHeadBytes, " bytes");
+      e.code = "headers_too_large";
     } else {
       e.message = absl::StrCat("HTTP ", res.status);
       if (res.status >= 500) e.type = "server_error";

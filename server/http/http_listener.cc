@@ -132,21 +132,27 @@ void AddressOf(int fd, bool peer, std::string& ip, int& port) {
 }
 
 // One connection's socket as an httplib::Stream. Reads are buffered (the
-// library reads a request's line and headers a byte at a time) and each
-// waits at most the per-read timeout and never past the request's deadline;
-// once that passes every read fails, so the library gives up on the request.
-// Waits are sliced so a stopping server is noticed within kSliceMs.
+// library reads a request's line and headers a byte at a time) and held to
+// the RequestLimits: each waits at most the per-read timeout and never past
+// the request's deadline, and the bytes handed over are counted against the
+// head and body caps and the server's shared body budget. Once a limit is
+// broken every read fails, so the library gives up on the request. Waits
+// are sliced so a stopping server is noticed within kSliceMs.
 class DeadlineSocketStream final : public httplib::Stream {
  public:
   static constexpr int kSliceMs = 200;
 
   DeadlineSocketStream(int sock, std::chrono::milliseconds read_timeout,
-                       std::chrono::milliseconds write_timeout,
+                       std::chrono::milliseconds write_timeout, const RequestLimits* limits,
+                       std::atomic<size_t>* inflight_body_bytes,
                        const std::atomic<socket_t>* listening)
       : sock_(sock),
         read_timeout_(read_timeout),
         write_timeout_(write_timeout),
+        limits_(limits),
+        inflight_body_bytes_(inflight_body_bytes),
         listening_(listening) {}
+  ~DeadlineSocketStream() override { EndRequest(); }
 
   // Waits up to `timeout` for the next request's first byte; false when
   // none came, the peer closed, or the server is stopping.
@@ -154,15 +160,19 @@ class DeadlineSocketStream final : public httplib::Stream {
     if (off_ < len_) return true;
     return Wait(POLLIN, Clock::now() + timeout);
   }
-  // The request starting now must be read whole by `deadline`, its head
-  // (request line and headers) within `max_head_bytes`.
-  void StartRequest(Clock::time_point deadline, size_t max_head_bytes) {
-    deadline_ = deadline;
-    max_head_bytes_ = max_head_bytes;
+  // A request starts now, under the limits.
+  void StartRequest() {
+    EndRequest();
+    deadline_ = Clock::now() + limits_->timeout;
     failure_ = RequestFailure::kNone;
     head_bytes_ = 0;
     head_tail_ = 0;
     head_done_ = false;
+  }
+  // The request has been handled: its body's bytes leave the budget.
+  void EndRequest() {
+    inflight_body_bytes_->fetch_sub(body_bytes_);
+    body_bytes_ = 0;
   }
   // Why reading the request was cut short, if it was.
   RequestFailure failure() const { return failure_; }
@@ -193,7 +203,7 @@ class DeadlineSocketStream final : public httplib::Stream {
       len_ = static_cast<size_t>(n);
       return read(ptr, size);
     }
-    if (got > 0 && !CountHead(ptr, static_cast<size_t>(got))) return -1;
+    if (got > 0 && !CountRequestBytes(ptr, static_cast<size_t>(got))) return -1;
     return got;
   }
   ssize_t write(const char* ptr, size_t size) override {
@@ -221,20 +231,38 @@ class DeadlineSocketStream final : public httplib::Stream {
   }
 
  private:
-  // Counts bytes handed to the library until the head ends (a line that is
-  // only CRLF, so the bytes "\n\r\n"); false once the head is over its cap.
-  // The library keeps every header line (each up to 8 KiB) with no limit on
-  // their number: without this a client streamed 136 MB of headers in 8 s
-  // and the server's RSS grew by 190 MB, all within the deadline.
-  bool CountHead(const char* p, size_t n) {
-    for (size_t i = 0; i < n && !head_done_; ++i) {
+  // Counts bytes handed to the library: the head's until it ends (a line
+  // that is only CRLF, so the bytes "\n\r\n"), the body's after; false once
+  // either is over its cap. The library keeps every header line (each up to
+  // 8 KiB) with no limit on their number: without this a client streamed
+  // 136 MB of headers in 8 s and the server's RSS grew by 190 MB, all
+  // within the deadline.
+  bool CountRequestBytes(const char* p, size_t n) {
+    size_t i = 0;
+    for (; i < n && !head_done_; ++i) {
       head_tail_ = ((head_tail_ << 8) | static_cast<unsigned char>(p[i])) & 0xFFFFFF;
       ++head_bytes_;
       head_done_ = head_tail_ == 0x0A0D0A;  // "\n\r\n"
     }
-    if (head_done_ || head_bytes_ <= max_head_bytes_) return true;
-    failure_ = RequestFailure::kHeadTooLarge;
-    return false;
+    if (!head_done_) {
+      if (head_bytes_ <= limits_->max_head_bytes) return true;
+      failure_ = RequestFailure::kHeadTooLarge;
+      return false;
+    }
+    // Body bytes count only once handed over: a failed read hands none.
+    const size_t body = n - i;
+    if (body == 0) return true;
+    if (body_bytes_ + body > limits_->max_body_bytes) {
+      failure_ = RequestFailure::kBodyTooLarge;
+      return false;
+    }
+    if (inflight_body_bytes_->fetch_add(body) + body > limits_->max_inflight_body_bytes) {
+      inflight_body_bytes_->fetch_sub(body);
+      failure_ = RequestFailure::kBodiesBudget;
+      return false;
+    }
+    body_bytes_ += body;
+    return true;
   }
   // Waits for input within both the per-read timeout and the deadline.
   bool WaitToRead() {
@@ -269,9 +297,11 @@ class DeadlineSocketStream final : public httplib::Stream {
 
   const int sock_;
   const std::chrono::milliseconds read_timeout_, write_timeout_;
+  const RequestLimits* limits_;
+  std::atomic<size_t>* inflight_body_bytes_;  // the server's, over all connections
   const std::atomic<socket_t>* listening_;
   Clock::time_point deadline_ = Clock::time_point::max();
-  size_t max_head_bytes_ = SIZE_MAX, head_bytes_ = 0;
+  size_t head_bytes_ = 0, body_bytes_ = 0;
   uint32_t head_tail_ = 0;  // the last three bytes of the head read so far
   bool head_done_ = false;
   RequestFailure failure_ = RequestFailure::kNone;
@@ -282,17 +312,35 @@ class DeadlineSocketStream final : public httplib::Stream {
 // The connection whose request this thread is handling (ClientGone).
 thread_local const DeadlineSocketStream* current_connection = nullptr;
 
+// Closes a connection whose request was cut short so that the client can
+// read the error answer: closing a socket with unread input sends a reset,
+// which over a real network can overtake the answer and make the client's
+// kernel drop it (RFC 9112 §9.6). So: end our side, read and drop what the
+// client still sends, for at most 2 s and 1 MiB, then close (Apache's
+// "lingering close"). On loopback the tests pass either way.
+void LingeringClose(int sock) {
+  ::shutdown(sock, SHUT_WR);
+  const Clock::time_point until = Clock::now() + std::chrono::seconds(2);
+  char scratch[16384];
+  for (size_t drained = 0; drained < (1 << 20);) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()).count();
+    if (left <= 0 || PollOne(sock, POLLIN, static_cast<int>(left)) <= 0) break;
+    const ssize_t n = ::recv(sock, scratch, sizeof(scratch), MSG_DONTWAIT);
+    if (n <= 0 && !(n < 0 && (errno == EINTR || errno == EAGAIN))) break;
+    if (n > 0) drained += static_cast<size_t>(n);
+  }
+  ::close(sock);
+}
+
 std::chrono::milliseconds Ms(time_t sec, time_t usec) {
   return std::chrono::milliseconds(sec * 1000 + usec / 1000);
 }
 
 }  // namespace
 
-RequestDeadlineServer::RequestDeadlineServer(std::chrono::milliseconds request_timeout,
-                                             size_t max_head_bytes, DroppedCallback on_dropped)
-    : request_timeout_(request_timeout),
-      max_head_bytes_(max_head_bytes),
-      on_dropped_(std::move(on_dropped)) {}
+RequestDeadlineServer::RequestDeadlineServer(const RequestLimits& limits,
+                                             DroppedCallback on_dropped)
+    : limits_(limits), on_dropped_(std::move(on_dropped)) {}
 
 bool RequestDeadlineServer::WidenListenBacklog(int backlog) {
   const socket_t sock = svr_sock_.load();
@@ -303,19 +351,25 @@ bool RequestDeadlineServer::ClientGone() {
   return current_connection != nullptr && !current_connection->PeerOpen();
 }
 
+RequestFailure RequestDeadlineServer::CurrentRequestFailure() {
+  return current_connection != nullptr ? current_connection->failure() : RequestFailure::kNone;
+}
+
 // The library's own loop (detail::process_server_socket), with our stream.
 bool RequestDeadlineServer::process_and_close_socket(socket_t sock) {
   DeadlineSocketStream strm(sock, Ms(read_timeout_sec_, read_timeout_usec_),
-                            Ms(write_timeout_sec_, write_timeout_usec_), &svr_sock_);
-  bool ok = false;
+                            Ms(write_timeout_sec_, write_timeout_usec_), &limits_,
+                            &inflight_body_bytes_, &svr_sock_);
+  bool ok = false, cut_short = false;
   for (size_t left = keep_alive_max_count_; left > 0; --left) {
     if (!strm.AwaitRequest(std::chrono::seconds(keep_alive_timeout_sec_))) break;
-    strm.StartRequest(Clock::now() + request_timeout_, max_head_bytes_);
+    strm.StartRequest();
     bool connection_closed = false;
     current_connection = &strm;
     ok = process_request(strm, /*close_connection=*/left == 1, connection_closed,
                          [](httplib::Request&) {});
     current_connection = nullptr;
+    strm.EndRequest();
     if (strm.failure() != RequestFailure::kNone) {
       dropped_.fetch_add(1);
       if (on_dropped_) {
@@ -325,12 +379,17 @@ bool RequestDeadlineServer::process_and_close_socket(socket_t sock) {
         on_dropped_(ip + ":" + std::to_string(port), strm.failure());
       }
       ok = false;
+      cut_short = true;
       break;
     }
     if (!ok || connection_closed) break;
   }
-  ::shutdown(sock, SHUT_RDWR);
-  ::close(sock);
+  if (cut_short) {
+    LingeringClose(sock);
+  } else {
+    ::shutdown(sock, SHUT_RDWR);
+    ::close(sock);
+  }
   return ok;
 }
 

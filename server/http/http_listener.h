@@ -77,12 +77,29 @@ enum class RequestFailure {
   kNone,
   kDeadline,      // not whole within the request timeout
   kHeadTooLarge,  // request line and headers over the byte cap
+  kBodyTooLarge,  // body bytes (with chunked framing) over the byte cap
+  kBodiesBudget,  // the bodies of all requests in flight over their budget
 };
 
-// An httplib::Server whose connections must deliver each request whole
-// within `request_timeout` of its first byte, with at most `max_head_bytes`
-// of request line and headers. A request that breaks either is answered 400
-// where the library still can, its connection closed and reported to
+// What a request may take to arrive (RequestDeadlineServer).
+struct RequestLimits {
+  std::chrono::milliseconds timeout{30000};  // the whole request, from its first byte
+  size_t max_head_bytes = 64 << 10;          // request line and headers
+  size_t max_body_bytes = 16 << 20;          // one body as sent (chunked framing counts)
+  // Body bytes of all requests being read or handled at once: each
+  // connection's body is bounded, but 512 of them at 16 MiB would be 8 GiB.
+  size_t max_inflight_body_bytes = 256 << 20;
+};
+
+// An httplib::Server whose requests must arrive within RequestLimits: whole
+// within `timeout` of the first byte, at most `max_head_bytes` of request
+// line and headers and `max_body_bytes` of body as sent, and the bodies in
+// flight within `max_inflight_body_bytes` together. The library checks a
+// Content-Length against its own payload limit before reading, but reads a
+// chunked body of any size into memory (measured: 200 MB, RSS +250 MB). A
+// request that breaks a limit gets the library's 400 (the error handler may
+// restate it from CurrentRequestFailure), and its connection is closed and
+// reported to
 // `on_dropped` (may be empty) with the peer's "ip:port". Everything else is
 // the library's: routing, keep-alive (at most keep_alive_max_count requests,
 // each awaited for keep_alive_timeout), the per-read and per-write timeouts,
@@ -92,8 +109,7 @@ enum class RequestFailure {
 class RequestDeadlineServer : public httplib::Server {
  public:
   using DroppedCallback = std::function<void(const std::string& peer, RequestFailure why)>;
-  RequestDeadlineServer(std::chrono::milliseconds request_timeout, size_t max_head_bytes,
-                        DroppedCallback on_dropped);
+  RequestDeadlineServer(const RequestLimits& limits, DroppedCallback on_dropped);
 
   uint64_t dropped() const { return dropped_.load(); }  // connections closed by either limit
 
@@ -102,6 +118,9 @@ class RequestDeadlineServer : public httplib::Server {
   // answers in one piece polls it to stop work that nobody will read; a
   // streamed answer finds out when its next write fails.
   static bool ClientGone();
+  // Why reading the request this thread is handling was cut short (kNone
+  // outside a handler of this server): for the error handler's answer.
+  static RequestFailure CurrentRequestFailure();
 
   // Call after bind_to_port / bind_to_any_port: re-listens the bound socket
   // with room for `backlog` connections not yet accepted (the kernel caps it
@@ -117,8 +136,8 @@ class RequestDeadlineServer : public httplib::Server {
   // overrides it too); ours serves it through a stream with the deadline.
   bool process_and_close_socket(socket_t sock) override;
 
-  const std::chrono::milliseconds request_timeout_;
-  const size_t max_head_bytes_;
+  const RequestLimits limits_;
+  std::atomic<size_t> inflight_body_bytes_{0};
   const DroppedCallback on_dropped_;
   std::atomic<uint64_t> dropped_{0};
 };

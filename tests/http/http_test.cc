@@ -822,7 +822,7 @@ TEST_F(HttpServerTest, SlowSendersDoNotStopTheApiAndAreClosedAtTheDeadline) {
   EXPECT_TRUE(closed) << "a client trickling headers for 20 s was not closed";
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));
   if (!answer.empty()) {
-    EXPECT_EQ(answer.rfind("HTTP/1.1 400", 0), 0u) << answer;
+    EXPECT_EQ(answer.rfind("HTTP/1.1 408", 0), 0u) << answer;
   }
   const std::string dropped = "infoflow_http_requests_dropped_total{reason=\"deadline\"} 1";
   for (int i = 0; i < 50 && srv_->Metrics().find(dropped) == std::string::npos; ++i) {
@@ -902,7 +902,8 @@ TEST_F(HttpServerTest, RequestHeadsAreCapped) {
     for (int i = 0; i < 20; ++i) req += big_line;
     conn.Send(req + "\r\n");  // the server may close before it has all of it
     const std::string got = conn.ReadUntil("no such text: read to the close");
-    EXPECT_EQ(got.rfind("HTTP/1.1 400", 0), 0u) << got.substr(0, 200);
+    EXPECT_EQ(got.rfind("HTTP/1.1 431", 0), 0u) << got.substr(0, 200);
+    EXPECT_NE(got.find("\"code\":\"headers_too_large\""), std::string::npos) << got;
   }
   const std::string dropped = "infoflow_http_requests_dropped_total{reason=\"head_too_large\"} 1";
   for (int i = 0; i < 50 && srv_->Metrics().find(dropped) == std::string::npos; ++i) {
@@ -910,6 +911,78 @@ TEST_F(HttpServerTest, RequestHeadsAreCapped) {
   }
   EXPECT_NE(srv_->Metrics().find(dropped), std::string::npos) << srv_->Metrics();
   EXPECT_NE(srv_->log().find("request line and headers over 65536 bytes"), std::string::npos);
+  ExpectServing(GrpcAnswer(*srv_, kPrompt));
+}
+
+// The library refuses a Content-Length over --http-max-body-bytes before
+// reading it, but read a chunked body of any size into memory (200 MB: RSS
+// +250 MB). Now a chunked body is cut off past the limit (and its framing).
+TEST_F(HttpServerTest, ChunkedBodiesAreHeldToTheBodyLimit) {
+  StartServer({"--http-max-body-bytes=65536"});
+  auto chunked = [](const std::string& body, size_t piece) {
+    std::string out =
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n";
+    for (size_t i = 0; i < body.size(); i += piece) {
+      const std::string part = body.substr(i, piece);
+      char size[32];
+      std::snprintf(size, sizeof(size), "%zx\r\n", part.size());
+      out += size + part + "\r\n";
+    }
+    return out + "0\r\n\r\n";
+  };
+  {  // Within the limit: served like any other body.
+    RawConnection conn(port_);
+    ASSERT_TRUE(conn.Send(chunked(CompletionBody(false).dump(), 100)));
+    const std::string got = conn.ReadUntil("\"choices\"");
+    EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got.substr(0, 300);
+  }
+  {  // 1 MiB: refused with 413, and the connection closed.
+    RawConnection conn(port_);
+    conn.Send(chunked(std::string(1 << 20, 'a'), 4096));  // may be cut off
+    const std::string got = conn.ReadUntil("no such text: read to the close");
+    EXPECT_EQ(got.rfind("HTTP/1.1 413", 0), 0u) << got.substr(0, 300);
+    EXPECT_NE(got.find("\"param\":\"body\""), std::string::npos) << got;
+  }
+  const std::string dropped = "infoflow_http_requests_dropped_total{reason=\"body_too_large\"} 1";
+  for (int i = 0; i < 50 && srv_->Metrics().find(dropped) == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_NE(srv_->Metrics().find(dropped), std::string::npos) << srv_->Metrics();
+  ExpectServing(GrpcAnswer(*srv_, kPrompt));
+}
+
+// Each body is bounded, but 512 connections each sending a 16 MiB body would
+// hold 8 GiB: the bodies in flight together get 16 x --http-max-body-bytes,
+// and a request past that gets 429 (retry later).
+TEST_F(HttpServerTest, RequestBodiesInFlightShareABudget) {
+  StartServer({"--http-max-body-bytes=65536"});  // budget: 1 MiB
+  std::vector<std::unique_ptr<RawConnection>> uploads;
+  for (int i = 0; i < 24; ++i) {  // 24 x 60000 bytes, each short of its 65536
+    uploads.push_back(std::make_unique<RawConnection>(port_));
+    ASSERT_TRUE(uploads.back()->Send(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: 65536\r\n\r\n" +
+        std::string(60000, ' ')));
+  }
+  int busy = 0;
+  for (int i = 0; i < 50 && busy == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    for (auto& c : uploads) {
+      pollfd p{c->fd(), POLLIN, 0};
+      if (poll(&p, 1, 0) <= 0) continue;
+      const std::string got = c->ReadUntil("no such text: read to the close");
+      EXPECT_EQ(got.rfind("HTTP/1.1 429", 0), 0u) << got.substr(0, 300);
+      EXPECT_NE(got.find("\"code\":\"server_busy\""), std::string::npos) << got;
+      ++busy;
+      c->Close();
+    }
+  }
+  EXPECT_GE(busy, 1);
+  EXPECT_LE(busy, 8);  // 17 of them fit in 1 MiB
+  uploads.clear();     // their bytes leave the budget with them
+  EXPECT_NE(srv_->Metrics().find("infoflow_http_requests_dropped_total{reason=\"bodies_budget\"}"),
+            std::string::npos);
   ExpectServing(GrpcAnswer(*srv_, kPrompt));
 }
 
