@@ -1,13 +1,13 @@
 // infoflow-server: the gRPC service of docs/DESIGN.md §6. SIGTERM/SIGINT shut it
 // down gracefully (running calls get a grace period to finish).
 #include <malloc.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-
-#include <chrono>
 #include <thread>
 
 #include "server/server.h"
@@ -20,6 +20,22 @@ int g_signal_pipe[2] = {-1, -1};
 void OnSignal(int sig) {
   const char c = static_cast<char>(sig);
   [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &c, 1);
+}
+
+// Raises the soft limit on open descriptors to the hard one. Connections
+// (gRPC, up to 2 x --http-max-connections HTTP), RocksDB's files and the
+// Redis sockets all need descriptors, and the usual soft limit of 1024
+// (systemd's default) is fewer than the HTTP listener alone may hold.
+void RaiseDescriptorLimit() {
+  rlimit l{};
+  if (getrlimit(RLIMIT_NOFILE, &l) != 0 || l.rlim_cur >= l.rlim_max) return;
+  const rlim_t before = l.rlim_cur;
+  l.rlim_cur = l.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &l) == 0) {
+    std::fprintf(stderr, "open files limit raised from %llu to %llu\n",
+                 static_cast<unsigned long long>(before),
+                 static_cast<unsigned long long>(l.rlim_cur));
+  }
 }
 
 }  // namespace
@@ -43,6 +59,7 @@ int main(int argc, char** argv) {
                  infoflow::server::kServerUsage);
     return 2;
   }
+  RaiseDescriptorLimit();
   if (pipe(g_signal_pipe) != 0) return 1;
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);

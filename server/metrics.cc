@@ -427,9 +427,11 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& liste
                                 "reason=deadline (not whole within --http-request-timeout-ms), "
                                 "head_too_large (request line and headers over 64 KiB), "
                                 "body_too_large (a chunked body over --http-max-body-bytes), "
-                                "bodies_budget (bodies in flight over 16 x that).")
+                                "bodies_budget (bodies in flight over 16 x that), "
+                                "listener_full (no thread and no room to wait: 503).")
                             .Register(r);
-  for (const char* reason : {"deadline", "head_too_large", "body_too_large", "bodies_budget"}) {
+  for (const char* reason :
+       {"deadline", "head_too_large", "body_too_large", "bodies_budget", "listener_full"}) {
     impl->http_dropped->Add({{"reason", reason}});
   }
   impl->inflight = &prometheus::BuildGauge()

@@ -53,7 +53,7 @@ class Metrics {
   void AddInflightStreams(int delta);
   // An HTTP connection closed for how its request arrived: `reason` is
   // "deadline" (--http-request-timeout-ms), "head_too_large",
-  // "body_too_large" or "bodies_budget".
+  // "body_too_large", "bodies_budget" or "listener_full".
   void AddHttpRequestDropped(const std::string& reason);
   // Scheduler (server/scheduler.h): requests per batched decode step, time
   // a request waited in the queue, time between consecutive tokens of a

@@ -120,6 +120,9 @@ struct HttpFrontend::Impl {
     switch (why) {
       case RequestFailure::kNone:
         return;
+      case RequestFailure::kListenerFull:  // counted, not logged: a flood would flood the log
+        if (d->metrics != nullptr) d->metrics->AddHttpRequestDropped("listener_full");
+        return;
       case RequestFailure::kDeadline:
         reason = "deadline";
         what = absl::StrCat("request not received whole within ", options.request_timeout_ms,
@@ -213,6 +216,8 @@ void HttpFrontend::Impl::Routes() {
         break;
       case RequestFailure::kBodiesBudget:
         res.status = 429;
+        break;
+      case RequestFailure::kListenerFull:  // answered by the listener itself
         break;
     }
     HttpError e;
@@ -421,8 +426,9 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(
 
   httplib::Server& s = impl->server;
   // A thread per connection, started as they come (http_listener.h).
+  // As many more may wait for one; past that a connection gets 503 at once.
   const size_t threads = static_cast<size_t>(std::max(2, options.max_connections));
-  s.new_task_queue = [threads] { return new ElasticThreadPool(threads); };
+  s.new_task_queue = [threads] { return new ElasticThreadPool(threads, threads); };
   s.set_payload_max_length(options.max_body_bytes);
   s.set_keep_alive_timeout(2);  // bounds how long an idle connection delays shutdown
   s.set_read_timeout(10);       // a client that stops sending its body is dropped

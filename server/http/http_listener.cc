@@ -10,14 +10,24 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <utility>
 
 namespace infoflow::server::http {
 
 // ------------------------------------------------------------ thread pool
 
-ElasticThreadPool::ElasticThreadPool(size_t max_threads, std::chrono::milliseconds idle_exit)
-    : max_threads_(std::max<size_t>(1, max_threads)), idle_exit_(idle_exit) {}
+namespace {
+thread_local bool in_overflow = false;  // ElasticThreadPool::InOverflow
+}  // namespace
+
+ElasticThreadPool::ElasticThreadPool(size_t max_threads, size_t max_waiting,
+                                     std::chrono::milliseconds idle_exit)
+    : max_threads_(std::max<size_t>(1, max_threads)),
+      max_waiting_(max_waiting),
+      idle_exit_(idle_exit) {}
+
+bool ElasticThreadPool::InOverflow() { return in_overflow; }
 
 ElasticThreadPool::~ElasticThreadPool() { shutdown(); }
 
@@ -42,6 +52,16 @@ void ElasticThreadPool::enqueue(std::function<void()> fn) {
       }
     }
     exited_.clear();
+    // Tasks queued now will run on the threads not busy (alive or yet to be
+    // started) or wait; past that there is no room.
+    if (tasks_.size() >= (max_threads_ - busy_) + max_waiting_) {
+      l.unlock();
+      in_overflow = true;
+      fn();
+      in_overflow = false;
+      for (std::thread& t : done) t.join();
+      return;
+    }
     tasks_.push_back(std::move(fn));
     // More tasks than threads waiting for one: start a thread, if allowed.
     if (tasks_.size() > idle_ && alive_ < max_threads_) {
@@ -84,9 +104,11 @@ void ElasticThreadPool::Worker() {
     if (!tasks_.empty()) {  // queued tasks run even after shutdown() began
       std::function<void()> fn = std::move(tasks_.front());
       tasks_.pop_front();
+      ++busy_;
       l.unlock();
       fn();
       l.lock();
+      --busy_;
       continue;
     }
     if (stop_ || !woke) {
@@ -360,6 +382,23 @@ bool RequestDeadlineServer::process_and_close_socket(socket_t sock) {
   DeadlineSocketStream strm(sock, Ms(read_timeout_sec_, read_timeout_usec_),
                             Ms(write_timeout_sec_, write_timeout_usec_), &limits_,
                             &inflight_body_bytes_, &svr_sock_);
+  if (ElasticThreadPool::InOverflow()) {
+    // No thread and no room to wait: say so without reading (this runs on
+    // the accept loop, and a fresh socket's buffer takes this at once).
+    static const std::string busy = [] {
+      const std::string body =
+          "{\"error\":{\"message\":\"server: every HTTP connection slot is busy; retry "
+          "later\",\"type\":\"server_error\",\"param\":null,\"code\":\"server_busy\"}}";
+      return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+             "Connection: close\r\nRetry-After: 1\r\nContent-Length: " +
+             std::to_string(body.size()) + "\r\n\r\n" + body;
+    }();
+    (void)::send(sock, busy.data(), busy.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    ::close(sock);
+    dropped_.fetch_add(1);
+    if (on_dropped_) on_dropped_("", RequestFailure::kListenerFull);
+    return false;
+  }
   bool ok = false, cut_short = false;
   for (size_t left = keep_alive_max_count_; left > 0; --left) {
     if (!strm.AwaitRequest(std::chrono::seconds(keep_alive_timeout_sec_))) break;

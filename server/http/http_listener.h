@@ -42,12 +42,17 @@ namespace infoflow::server::http {
 
 // A cpp-httplib TaskQueue (one task = one connection) that runs each task on
 // an idle thread, or on a new one while fewer than `max_threads` exist; past
-// that, tasks wait in FIFO order. A thread idle for `idle_exit` exits.
-// Thread-safe; shutdown() runs the waiting tasks, then joins every thread.
+// that, up to `max_waiting` tasks wait in FIFO order. A task past those runs
+// at once on the caller's thread (the library's accept loop) with
+// InOverflow() true, so that it refuses its connection quickly: every
+// accepted connection holds a descriptor, and an unbounded queue let a flood
+// of idle connections take all of them (RocksDB and gRPC need some too). A
+// thread idle for `idle_exit` exits. Thread-safe; shutdown() runs the
+// waiting tasks, then joins every thread.
 class ElasticThreadPool : public httplib::TaskQueue {
  public:
-  explicit ElasticThreadPool(size_t max_threads,
-                             std::chrono::milliseconds idle_exit = std::chrono::seconds(30));
+  ElasticThreadPool(size_t max_threads, size_t max_waiting,
+                    std::chrono::milliseconds idle_exit = std::chrono::seconds(30));
   ~ElasticThreadPool() override;
   ElasticThreadPool(const ElasticThreadPool&) = delete;
   ElasticThreadPool& operator=(const ElasticThreadPool&) = delete;
@@ -57,18 +62,20 @@ class ElasticThreadPool : public httplib::TaskQueue {
 
   size_t threads() const;  // threads alive now
   size_t waiting() const;  // tasks queued for a thread
+  // True while this thread runs a task the pool had no room for.
+  static bool InOverflow();
 
  private:
   void Worker();
 
-  const size_t max_threads_;
+  const size_t max_threads_, max_waiting_;
   const std::chrono::milliseconds idle_exit_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;
   std::vector<std::thread> threads_;     // joined at shutdown; exited ones too
   std::vector<std::thread::id> exited_;  // exited threads not yet joined
-  size_t alive_ = 0, idle_ = 0;
+  size_t alive_ = 0, idle_ = 0, busy_ = 0;  // threads: started, waiting, running a task
   bool stop_ = false;
 };
 
@@ -79,6 +86,7 @@ enum class RequestFailure {
   kHeadTooLarge,  // request line and headers over the byte cap
   kBodyTooLarge,  // body bytes (with chunked framing) over the byte cap
   kBodiesBudget,  // the bodies of all requests in flight over their budget
+  kListenerFull,  // every thread busy and the wait queue full: refused at once
 };
 
 // What a request may take to arrive (RequestDeadlineServer).

@@ -375,7 +375,7 @@ struct TempDir {
 TEST(ElasticThreadPool, RunsEveryTaskOnAtMostMaxThreads) {
   std::atomic<int> ran{0}, now{0}, most{0};
   {
-    ElasticThreadPool pool(4);
+    ElasticThreadPool pool(4, 100);
     for (int i = 0; i < 50; ++i) {
       pool.enqueue([&] {
         const int n = ++now;
@@ -396,7 +396,7 @@ TEST(ElasticThreadPool, RunsEveryTaskOnAtMostMaxThreads) {
 }
 
 TEST(ElasticThreadPool, StartsThreadsOnDemandAndIdleOnesExit) {
-  ElasticThreadPool pool(64, std::chrono::milliseconds(100));
+  ElasticThreadPool pool(64, 64, std::chrono::milliseconds(100));
   EXPECT_EQ(pool.threads(), 0u);
   std::mutex mu;
   std::condition_variable cv;
@@ -429,6 +429,36 @@ TEST(ElasticThreadPool, StartsThreadsOnDemandAndIdleOnesExit) {
   pool.enqueue([&] { again = true; });
   pool.shutdown();
   EXPECT_TRUE(again.load());
+}
+
+TEST(ElasticThreadPool, RunsATaskItHasNoRoomForAtOnceInOverflow) {
+  ElasticThreadPool pool(2, 3);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  std::atomic<int> ran{0}, overflowed{0};
+  auto task = [&] {
+    if (ElasticThreadPool::InOverflow()) {
+      ++overflowed;
+      return;  // what the listener does: refuse at once
+    }
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return release; });
+    ++ran;
+  };
+  for (int i = 0; i < 5; ++i) pool.enqueue(task);  // 2 running, 3 waiting
+  EXPECT_EQ(overflowed.load(), 0);
+  pool.enqueue(task);  // no room: runs here, now
+  pool.enqueue(task);
+  EXPECT_EQ(overflowed.load(), 2);
+  EXPECT_FALSE(ElasticThreadPool::InOverflow());
+  {
+    std::lock_guard<std::mutex> l(mu);
+    release = true;
+  }
+  cv.notify_all();
+  pool.shutdown();
+  EXPECT_EQ(ran.load(), 5);
 }
 
 int HttpPort(const testing::ServerProcess& srv) {
@@ -982,6 +1012,35 @@ TEST_F(HttpServerTest, RequestBodiesInFlightShareABudget) {
   EXPECT_LE(busy, 8);  // 17 of them fit in 1 MiB
   uploads.clear();     // their bytes leave the budget with them
   EXPECT_NE(srv_->Metrics().find("infoflow_http_requests_dropped_total{reason=\"bodies_budget\"}"),
+            std::string::npos);
+  ExpectServing(GrpcAnswer(*srv_, kPrompt));
+}
+
+// Every accepted connection holds a descriptor. With threads busy, the queue
+// of connections waiting for one is bounded too (as long as the threads);
+// past it a connection gets 503 at once, so a flood of idle connections
+// cannot take every descriptor the process has (RocksDB and gRPC need them).
+TEST_F(HttpServerTest, ConnectionsPastTheWaitQueueGet503AtOnce) {
+  StartServer({"--http-max-connections=2"});  // 2 served, 2 waiting
+  std::vector<std::unique_ptr<RawConnection>> idle;
+  for (int i = 0; i < 10; ++i) {
+    idle.push_back(std::make_unique<RawConnection>(port_));
+    ASSERT_TRUE(idle.back()->ok());
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  int refused = 0;
+  for (auto& c : idle) {
+    pollfd p{c->fd(), POLLIN, 0};
+    if (poll(&p, 1, 0) <= 0) continue;  // served or waiting: nothing to read yet
+    const std::string got = c->ReadUntil("no such text: read to the close");
+    if (got.empty()) continue;  // a served one closed after its 2 s keep-alive wait
+    EXPECT_EQ(got.rfind("HTTP/1.1 503", 0), 0u) << got.substr(0, 300);
+    EXPECT_NE(got.find("\"code\":\"server_busy\""), std::string::npos) << got;
+    ++refused;
+  }
+  EXPECT_GE(refused, 6);
+  idle.clear();
+  EXPECT_NE(srv_->Metrics().find("infoflow_http_requests_dropped_total{reason=\"listener_full\"}"),
             std::string::npos);
   ExpectServing(GrpcAnswer(*srv_, kPrompt));
 }
