@@ -28,8 +28,7 @@ const char kServerUsage[] =
     "  --max-chunks N          chunks per request (default 256)\n"
     "  --max-chunk-tokens N    tokens per chunk (default 2048)\n"
     "  --max-prompt-tokens N   tokens of the rendered prompt and of the question (default 2048)\n"
-    "  --max-prefix-tokens N   tokens of a query's prefix (system prompt + chat header; default "
-    "2048)\n"
+    "  --max-prefix-tokens N   tokens of a query's prefix (system prompt + chat header; default 2048)\n"
     "  --max-new-tokens N      generated tokens per query (default 512)\n"
     "  --allow-beyond-model-positions true|false\n"
     "                          run queries that need more positions than the model's\n"
@@ -100,7 +99,8 @@ const char kServerUsage[] =
     "                          rendered; without one, a named format by its markers or\n"
     "                          model_type), template (the model's, required), qwen, llama3,\n"
     "                          mistral, glm4 or plain (default auto)\n"
-    "  --http-max-body-bytes N larger HTTP request bodies are refused with 413 (default 16 MiB)\n"
+    "  --http-max-body-bytes N larger HTTP request bodies are refused with 413 (default 16 MiB,\n"
+    "                          at most 1 GiB)\n"
     "  --http-max-connections N\n"
     "                          HTTP connections served at once, a thread each, started as\n"
     "                          they arrive (default 512); as many more may wait, past that\n"
@@ -108,7 +108,8 @@ const char kServerUsage[] =
     "  --http-request-timeout-ms N\n"
     "                          an HTTP request's line, headers and body must arrive within N ms\n"
     "                          of its first byte, else the connection is closed and counted\n"
-    "                          (infoflow_http_requests_dropped_total; default 30000)\n"
+    "                          (infoflow_http_requests_dropped_total; default 30000, at most\n"
+    "                          3600000)\n"
     "  --remote-fill-queue-bytes N\n"
     "                          a chunk fetched from the cluster is served at once and written\n"
     "                          to local disk by a background thread; at most N bytes wait\n"
@@ -233,16 +234,27 @@ absl::Status Apply(ServerOptions* o, const std::string& name, const std::string&
           "got '", value, "'"));
     }
     o->http_chat_format = value;
-  }
-  else if (name == "http-max-body-bytes") return num(&o->http_max_body_bytes, 1024);
-  else if (name == "http-max-connections") {
+  } else if (name == "http-max-body-bytes") {
+    // At most 1 GiB: the listener's budget for bodies in flight is 16 times it.
+    if (absl::Status st = num(&o->http_max_body_bytes, 1024); !st.ok()) return st;
+    if (o->http_max_body_bytes > (uint64_t{1} << 30)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--http-max-body-bytes: at most 1073741824 (1 GiB), got ", value));
+    }
+  } else if (name == "http-max-connections") {
     if (absl::Status st = num(&o->http_max_connections, 2); !st.ok()) return st;
     if (o->http_max_connections > 65536) {
       return absl::InvalidArgumentError("--http-max-connections: at most 65536");
     }
-  }
-  else if (name == "http-request-timeout-ms") return num(&o->http_request_timeout_ms, 100);
-  else if (name == "remote-fill-queue-bytes") return num(&o->remote_fill_queue_bytes, 0);
+  } else if (name == "http-request-timeout-ms") {
+    // At most an hour: a deadline is now + this, which must not overflow.
+    if (absl::Status st = num(&o->http_request_timeout_ms, 100); !st.ok()) return st;
+    if (o->http_request_timeout_ms > 3600000) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--http-request-timeout-ms: at most 3600000 (1 h), got ", value));
+    }
+  } else if (name == "remote-fill-queue-bytes")
+    return num(&o->remote_fill_queue_bytes, 0);
   else if (name == "remote-write-queue-bytes") return num(&o->remote_write_queue_bytes, 0);
   else if (name == "remote-write-attempts") return num(&o->remote_write_attempts, 1);
   else if (name == "remote-write-give-up-s") return num(&o->remote_write_give_up_s, 0);

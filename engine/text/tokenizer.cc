@@ -203,8 +203,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJsonString(std::string
     const json& added = root.contains("added_tokens") && root["added_tokens"].is_array()
                             ? root["added_tokens"]
                             : empty_array;
-    for (const json& a : added)
+    for (const json& a : added) {
       max_id = std::max<int64_t>(max_id, JsonNonNegativeInt32(a.at("id")));
+    }
     // Ids are dense in real files; a bound tied to the entry count keeps a
     // tiny hostile file from allocating gigabytes (found by tokenizer_fuzz).
     const int64_t entries = static_cast<int64_t>(vocab.size() + added.size());

@@ -38,18 +38,19 @@ constexpr int kListenBacklog = 1024;
 // Request line plus headers (nginx's default allows 4 x 8 KiB lines; the
 // library caps one line at 8 KiB but not their number).
 constexpr size_t kMaxRequestHeadBytes = 64 << 10;
+// Bodies of all requests in flight: this many of the largest at once.
+constexpr uint64_t kBodiesInFlight = 16;
 
 // What a request may take to arrive (http_listener.h). A body as sent may
 // be the limit plus room for chunked framing (a chunk's size line and CRLFs:
 // 8% of 64-byte chunks); a Content-Length over the limit is refused (413) by
-// the library before any of it is read, so this bounds chunked bodies. The
-// bodies of all requests in flight: 16 of the largest at once.
+// the library before any of it is read, so this bounds chunked bodies.
 RequestLimits Limits(const HttpFrontendOptions& o) {
   RequestLimits l;
   l.timeout = std::chrono::milliseconds(std::max<int64_t>(1, o.request_timeout_ms));
   l.max_head_bytes = kMaxRequestHeadBytes;
   l.max_body_bytes = static_cast<size_t>(o.max_body_bytes + o.max_body_bytes / 4 + (64 << 10));
-  l.max_inflight_body_bytes = static_cast<size_t>(16 * o.max_body_bytes);
+  l.max_inflight_body_bytes = static_cast<size_t>(kBodiesInFlight * o.max_body_bytes);
   return l;
 }
 
@@ -74,12 +75,15 @@ void LogHttp(const httplib::Request& req, int status, const std::string& error) 
 
 struct HttpFrontend::Impl {
   Impl(const ServiceDeps* deps, const HttpFrontendOptions& o)
-      : d(deps), options(o), server(Limits(o), [this](const std::string& peer, RequestFailure why) {
-          OnDropped(peer, why);
-        }) {}
+      : d(deps),
+        options(o),
+        limits(Limits(o)),
+        server(limits, ErrorBody(CutShortError(RequestFailure::kListenerFull)),
+               [this](const std::string& peer, RequestFailure why) { OnDropped(peer, why); }) {}
 
   const ServiceDeps* d = nullptr;
   HttpFrontendOptions options;
+  const RequestLimits limits;
   RequestContext ctx;
   RequestDeadlineServer server;
   std::thread listener;
@@ -114,37 +118,60 @@ struct HttpFrontend::Impl {
     cv.notify_all();
   }
 
-  // A connection closed for how it sent its request: logged and counted.
-  void OnDropped(const std::string& peer, RequestFailure why) {
-    std::string reason, what;
+  // The answer to a request the listener cut short (http_listener.h), or
+  // whose Content-Length the library refused (kBodyTooLarge): one table for
+  // the status, the error body and the log line.
+  HttpError CutShortError(RequestFailure why) const {
+    HttpError e;
     switch (why) {
       case RequestFailure::kNone:
-        return;
-      case RequestFailure::kListenerFull:  // counted, not logged: a flood would flood the log
-        if (d->metrics != nullptr) d->metrics->AddHttpRequestDropped("listener_full");
-        return;
+        break;
       case RequestFailure::kDeadline:
-        reason = "deadline";
-        what = absl::StrCat("request not received whole within ", options.request_timeout_ms,
-                            " ms (--http-request-timeout-ms)");
+        e = ErrorFromStatus(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrCat("request not received whole within ", limits.timeout.count(),
+                         " ms of its first byte (--http-request-timeout-ms)"));
+        e.http_status = 408;
+        e.code = "request_timeout";
         break;
       case RequestFailure::kHeadTooLarge:
-        reason = "head_too_large";
-        what = absl::StrCat("request line and headers over ", kMaxRequestHeadBytes, " bytes");
+        e = ErrorFromStatus(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrCat("headers: request line and headers over ",
+                                         limits.max_head_bytes, " bytes"));
+        e.http_status = 431;
+        e.code = "headers_too_large";
         break;
       case RequestFailure::kBodyTooLarge:
-        reason = "body_too_large";
-        what = absl::StrCat("chunked request body over --http-max-body-bytes (",
-                            options.max_body_bytes, ")");
+        e = ErrorFromStatus(grpc::StatusCode::INVALID_ARGUMENT,
+                            "body: the request body is over the server's limit "
+                            "(--http-max-body-bytes)");
+        e.http_status = 413;
+        e.param = "body";
+        e.code = "request_too_large";
         break;
       case RequestFailure::kBodiesBudget:
-        reason = "bodies_budget";
-        what = absl::StrCat("request bodies in flight over ", 16 * options.max_body_bytes,
-                            " bytes (16 x --http-max-body-bytes)");
+        e = ErrorFromStatus(
+            grpc::StatusCode::RESOURCE_EXHAUSTED,
+            absl::StrCat("server: request bodies in flight over ", limits.max_inflight_body_bytes,
+                         " bytes (", kBodiesInFlight, " x --http-max-body-bytes); retry later"));
+        e.code = "server_busy";
+        break;
+      case RequestFailure::kListenerFull:
+        e = ErrorFromStatus(grpc::StatusCode::UNAVAILABLE,
+                            "server: every HTTP connection slot is busy; retry later");
+        e.code = "server_busy";
         break;
     }
-    std::fprintf(stderr, "http connection from %s closed: %s\n", peer.c_str(), what.c_str());
-    if (d->metrics != nullptr) d->metrics->AddHttpRequestDropped(reason);
+    return e;
+  }
+
+  // A connection closed for how it sent its request: counted, and logged
+  // unless the listener was full (a flood would flood the log).
+  void OnDropped(const std::string& peer, RequestFailure why) {
+    if (d->metrics != nullptr) d->metrics->AddHttpRequestDropped(RequestFailureName(why));
+    if (why == RequestFailure::kListenerFull) return;
+    std::fprintf(stderr, "http connection from %s closed: %s\n", peer.c_str(),
+                 CutShortError(why).message.c_str());
   }
 
   absl::Status CheckAuth(const httplib::Request& req) const {
@@ -201,51 +228,22 @@ void HttpFrontend::Impl::Routes() {
   // limit 413, unreadable request 400) get an OpenAI error body too.
   server.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    // The listener cut the request short: say which limit, with its status.
-    switch (RequestDeadlineServer::CurrentRequestFailure()) {
-      case RequestFailure::kNone:
-        break;
-      case RequestFailure::kDeadline:
-        res.status = 408;
-        break;
-      case RequestFailure::kHeadTooLarge:
-        res.status = 431;
-        break;
-      case RequestFailure::kBodyTooLarge:
-        res.status = 413;
-        break;
-      case RequestFailure::kBodiesBudget:
-        res.status = 429;
-        break;
-      case RequestFailure::kListenerFull:  // answered by the listener itself
-        break;
-    }
+    const RequestFailure cut = RequestDeadlineServer::CurrentRequestFailure();
     HttpError e;
     e.http_status = res.status;
     e.type = "invalid_request_error";
-    if (res.status == 404) {
+    if (cut != RequestFailure::kNone) {  // the listener cut the request short
+      e = CutShortError(cut);
+    } else if (res.status == 413) {  // the library, from Content-Length
+      e = CutShortError(RequestFailure::kBodyTooLarge);
+    } else if (res.status == 404) {
       e.message = absl::StrCat("no route for ", req.method, " ", req.path);
       e.code = "not_found";
-    } else if (res.status == 413) {
-      e.message = "body: the request body is over the server's limit (--http-max-body-bytes)";
-      e.param = "body";
-      e.code = "request_too_large";
-    } else if (res.status == 408) {
-      e.message = absl::StrCat("request: not received whole within ", options.request_timeout_ms,
-                               " ms of its first byte (--http-request-timeout-ms)");
-      e.code = "request_timeout";
-    } else if (res.status == 429) {  // only the listener's budget reaches here
-      e.message = "server: too many request bodies in flight; retry later";
-      e.code = "server_busy";
-    } else if (res.status == 431) {
-      e.message = absl::StrCat("headers: the request line and headers are over ",
-                               kMaxRequestHeadBytes, " bytes");
-      e.code = "headers_too_large";
     } else {
       e.message = absl::StrCat("HTTP ", res.status);
       if (res.status >= 500) e.type = "server_error";
     }
-    res.set_content(ErrorBody(e), kJson);
+    SetError(res, e);
     LogHttp(req, res.status, e.message);
   });
   server.set_exception_handler(

@@ -199,12 +199,9 @@ class DeadlineSocketStream final : public httplib::Stream {
   // Why reading the request was cut short, if it was.
   RequestFailure failure() const { return failure_; }
 
-  bool is_readable() const override {
-    return off_ < len_ || const_cast<DeadlineSocketStream*>(this)->WaitToRead();
-  }
+  bool is_readable() const override { return off_ < len_ || WaitToRead(); }
   bool is_writable() const override {
-    return const_cast<DeadlineSocketStream*>(this)->Wait(POLLOUT, Clock::now() + write_timeout_) &&
-           PeerOpen();
+    return Wait(POLLOUT, Clock::now() + write_timeout_) && PeerOpen();
   }
   ssize_t read(char* ptr, size_t size) override {
     if (failure_ != RequestFailure::kNone) return -1;
@@ -287,7 +284,7 @@ class DeadlineSocketStream final : public httplib::Stream {
     return true;
   }
   // Waits for input within both the per-read timeout and the deadline.
-  bool WaitToRead() {
+  bool WaitToRead() const {
     const Clock::time_point now = Clock::now();
     if (now >= deadline_) {
       failure_ = RequestFailure::kDeadline;
@@ -296,12 +293,13 @@ class DeadlineSocketStream final : public httplib::Stream {
     const bool deadline_first = deadline_ <= now + read_timeout_;
     if (Wait(POLLIN, deadline_first ? deadline_ : now + read_timeout_)) return true;
     // Nothing came in time; the deadline's fault unless the server stopped.
-    if (deadline_first && listening_->load() != INVALID_SOCKET)
+    if (deadline_first && listening_->load() != INVALID_SOCKET) {
       failure_ = RequestFailure::kDeadline;
+    }
     return false;
   }
   // Polls for `events` until `until`, in slices, while the server listens.
-  bool Wait(short events, Clock::time_point until) {
+  bool Wait(short events, Clock::time_point until) const {
     while (listening_->load() != INVALID_SOCKET) {
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()).count();
       if (left <= 0) return PollOne(sock_, events, 0) > 0;
@@ -326,7 +324,8 @@ class DeadlineSocketStream final : public httplib::Stream {
   size_t head_bytes_ = 0, body_bytes_ = 0;
   uint32_t head_tail_ = 0;  // the last three bytes of the head read so far
   bool head_done_ = false;
-  RequestFailure failure_ = RequestFailure::kNone;
+  // Set by a read, which the library may make through the const is_readable.
+  mutable RequestFailure failure_ = RequestFailure::kNone;
   char buf_[4096];
   size_t off_ = 0, len_ = 0;
 };
@@ -361,8 +360,32 @@ std::chrono::milliseconds Ms(time_t sec, time_t usec) {
 }  // namespace
 
 RequestDeadlineServer::RequestDeadlineServer(const RequestLimits& limits,
+                                             const std::string& busy_body,
                                              DroppedCallback on_dropped)
-    : limits_(limits), on_dropped_(std::move(on_dropped)) {}
+    : limits_(limits),
+      busy_response_(
+          "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+          "Connection: close\r\nRetry-After: 1\r\nContent-Length: " +
+          std::to_string(busy_body.size()) + "\r\n\r\n" + busy_body),
+      on_dropped_(std::move(on_dropped)) {}
+
+const char* RequestFailureName(RequestFailure why) {
+  switch (why) {
+    case RequestFailure::kNone:
+      return "none";
+    case RequestFailure::kDeadline:
+      return "deadline";
+    case RequestFailure::kHeadTooLarge:
+      return "head_too_large";
+    case RequestFailure::kBodyTooLarge:
+      return "body_too_large";
+    case RequestFailure::kBodiesBudget:
+      return "bodies_budget";
+    case RequestFailure::kListenerFull:
+      return "listener_full";
+  }
+  return "none";
+}
 
 bool RequestDeadlineServer::WidenListenBacklog(int backlog) {
   const socket_t sock = svr_sock_.load();
@@ -379,26 +402,17 @@ RequestFailure RequestDeadlineServer::CurrentRequestFailure() {
 
 // The library's own loop (detail::process_server_socket), with our stream.
 bool RequestDeadlineServer::process_and_close_socket(socket_t sock) {
-  DeadlineSocketStream strm(sock, Ms(read_timeout_sec_, read_timeout_usec_),
-                            Ms(write_timeout_sec_, write_timeout_usec_), &limits_,
-                            &inflight_body_bytes_, &svr_sock_);
   if (ElasticThreadPool::InOverflow()) {
     // No thread and no room to wait: say so without reading (this runs on
     // the accept loop, and a fresh socket's buffer takes this at once).
-    static const std::string busy = [] {
-      const std::string body =
-          "{\"error\":{\"message\":\"server: every HTTP connection slot is busy; retry "
-          "later\",\"type\":\"server_error\",\"param\":null,\"code\":\"server_busy\"}}";
-      return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-             "Connection: close\r\nRetry-After: 1\r\nContent-Length: " +
-             std::to_string(body.size()) + "\r\n\r\n" + body;
-    }();
-    (void)::send(sock, busy.data(), busy.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    (void)::send(sock, busy_response_.data(), busy_response_.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
     ::close(sock);
-    dropped_.fetch_add(1);
     if (on_dropped_) on_dropped_("", RequestFailure::kListenerFull);
     return false;
   }
+  DeadlineSocketStream strm(sock, Ms(read_timeout_sec_, read_timeout_usec_),
+                            Ms(write_timeout_sec_, write_timeout_usec_), &limits_,
+                            &inflight_body_bytes_, &svr_sock_);
   bool ok = false, cut_short = false;
   for (size_t left = keep_alive_max_count_; left > 0; --left) {
     if (!strm.AwaitRequest(std::chrono::seconds(keep_alive_timeout_sec_))) break;
@@ -410,7 +424,6 @@ bool RequestDeadlineServer::process_and_close_socket(socket_t sock) {
     current_connection = nullptr;
     strm.EndRequest();
     if (strm.failure() != RequestFailure::kNone) {
-      dropped_.fetch_add(1);
       if (on_dropped_) {
         std::string ip;
         int port = 0;

@@ -99,27 +99,30 @@ struct RequestLimits {
   size_t max_inflight_body_bytes = 256 << 20;
 };
 
+// The metric label of a failure: "deadline", "head_too_large", ...
+const char* RequestFailureName(RequestFailure why);
+
 // An httplib::Server whose requests must arrive within RequestLimits: whole
 // within `timeout` of the first byte, at most `max_head_bytes` of request
 // line and headers and `max_body_bytes` of body as sent, and the bodies in
 // flight within `max_inflight_body_bytes` together. The library checks a
 // Content-Length against its own payload limit before reading, but reads a
 // chunked body of any size into memory (measured: 200 MB, RSS +250 MB). A
-// request that breaks a limit gets the library's 400 (the error handler may
-// restate it from CurrentRequestFailure), and its connection is closed and
-// reported to
-// `on_dropped` (may be empty) with the peer's "ip:port". Everything else is
-// the library's: routing, keep-alive (at most keep_alive_max_count requests,
-// each awaited for keep_alive_timeout), the per-read and per-write timeouts,
-// the body limit. Each request of a keep-alive connection gets its own
-// deadline; writing a response is not under it (a slow reader is bounded by
-// the write timeout).
+// request that breaks a limit gets the library's 400 (the error handler
+// restates it from CurrentRequestFailure), and its connection is closed and
+// reported to `on_dropped` (may be empty) with the peer's "ip:port". A
+// connection the thread pool had no room for (ElasticThreadPool) gets a 503
+// with `busy_body` (JSON) and is reported as kListenerFull with no peer.
+// Everything else is the library's: routing, keep-alive (at most
+// keep_alive_max_count requests, each awaited for keep_alive_timeout), the
+// per-read and per-write timeouts. Each request of a keep-alive connection
+// gets its own deadline; writing a response is not under it (a slow reader
+// is bounded by the write timeout).
 class RequestDeadlineServer : public httplib::Server {
  public:
   using DroppedCallback = std::function<void(const std::string& peer, RequestFailure why)>;
-  RequestDeadlineServer(const RequestLimits& limits, DroppedCallback on_dropped);
-
-  uint64_t dropped() const { return dropped_.load(); }  // connections closed by either limit
+  RequestDeadlineServer(const RequestLimits& limits, const std::string& busy_body,
+                        DroppedCallback on_dropped);
 
   // Whether the client of the request this thread is handling has closed
   // its connection (false outside a handler of this server). A handler that
@@ -135,8 +138,9 @@ class RequestDeadlineServer : public httplib::Server {
   // at net.core.somaxconn). The library listens with a backlog of 5, and a
   // burst of connections past that is refused or, worse, left to TCP's
   // retransmission backoff: measured, 64 /health requests at once had p90
-  // 1-2.7 s and a max of 4.4 s, and 200 got connection resets; after this,
-  // tests/http/http_test.cc "HttpBurst". False if not bound or listen fails.
+  // 1-2.7 s and a max of 4.4 s, and 200 got connection resets (pinned by
+  // tests/http/http_test.cc ABurstOfConnectionsIsServed). False if not
+  // bound or listen fails.
   bool WidenListenBacklog(int backlog);
 
  private:
@@ -145,9 +149,9 @@ class RequestDeadlineServer : public httplib::Server {
   bool process_and_close_socket(socket_t sock) override;
 
   const RequestLimits limits_;
+  const std::string busy_response_;  // the whole 503, status line to body
   std::atomic<size_t> inflight_body_bytes_{0};
   const DroppedCallback on_dropped_;
-  std::atomic<uint64_t> dropped_{0};
 };
 
 }  // namespace infoflow::server::http

@@ -646,6 +646,38 @@ TEST(ServerOptionsTest, SharedTierFlags) {
   }
 }
 
+TEST(ServerOptionsTest, HttpListenerFlagsAreBounded) {
+  auto parse = [](std::vector<std::string> args) {
+    args.insert(args.begin(), "infoflow-server");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    bool help = false;
+    return ParseServerFlags(static_cast<int>(argv.size()), argv.data(), &help);
+  };
+  auto def = parse({});
+  ASSERT_TRUE(def.ok());
+  EXPECT_EQ(def->http_max_connections, 512);
+  EXPECT_EQ(def->http_request_timeout_ms, 30000);
+  auto set = parse({"--http-max-connections=8", "--http-request-timeout-ms=3600000",
+                    "--http-max-body-bytes=1073741824"});
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->http_max_connections, 8);
+  EXPECT_EQ(set->http_request_timeout_ms, 3600000);
+  // A deadline is now + the timeout, and the bodies' budget 16 x the body
+  // limit: both must stay far from overflowing.
+  for (auto [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--http-max-connections", "1"},
+           {"--http-max-connections", "65537"},
+           {"--http-request-timeout-ms", "99"},
+           {"--http-request-timeout-ms", "3600001"},
+           {"--http-request-timeout-ms", "9223372036854775807"},
+           {"--http-max-body-bytes", "1073741825"}}) {
+    auto bad = parse({flag, value});
+    ASSERT_FALSE(bad.ok()) << flag << " " << value;
+    EXPECT_NE(bad.status().message().find(flag), std::string::npos) << bad.status();
+  }
+}
+
 TEST_F(ServerTest, BadInputsGetTheirStatusAndServerStaysUsable) {
   h_.options.max_chunks = 4;
   h_.options.max_chunk_tokens = 64;
