@@ -8,6 +8,7 @@
 #include "engine/chunk/chunk_codec.h"
 #include "engine/chunk/chunk_prefill.h"
 #include "engine/text/tokenizer.h"
+#include "server/quoted_value.h"
 
 namespace infoflow::server {
 
@@ -141,8 +142,8 @@ absl::StatusOr<ResolvedChunks> ChunkResolver::Resolve(const std::vector<ChunkRef
     if (!refs[i].by_key) continue;
     absl::StatusOr<store::ChunkKey> key = store::ChunkKey::FromHex(refs[i].key_hex);
     if (!key.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chunks[", i, "].key: expected 64 hex digits, got '", refs[i].key_hex, "'"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunks[", i, "].key: expected 64 hex digits, got ", QuotedValue(refs[i].key_hex)));
     }
     keys.push_back(*key);
     key_index.push_back(i);

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -12,6 +13,7 @@
 #include "engine/blend/pipeline.h"
 #include "engine/chunk/chunk_codec.h"
 #include "server/group/group_leader.h"
+#include "server/quoted_value.h"
 
 namespace infoflow::server {
 namespace v1 = ::infoflow::v1;
@@ -41,12 +43,12 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
 grpc::Status CheckModel(const ServiceDeps& d, const v1::ModelSelector& m) {
   if (!m.name().empty() && m.name() != d.model_name) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("model.name: requested '", m.name(), "', serving '",
+                        absl::StrCat("model.name: requested ", QuotedValue(m.name()), ", serving '",
                                      d.model_name, "'"));
   }
   if (!m.fingerprint().empty() && m.fingerprint() != d.model->fingerprint()) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("model.fingerprint: requested ", m.fingerprint(),
+                        absl::StrCat("model.fingerprint: requested ", QuotedValue(m.fingerprint()),
                                      ", serving ", d.model->fingerprint()));
   }
   return grpc::Status::OK;
@@ -193,10 +195,18 @@ grpc::Status ToSpec(const ServiceDeps& d, const v1::QueryRequest& req, QuerySpec
     return Invalid(absl::StrCat("ratio: must be in [0, 1], got ", spec->ratio));
   }
   spec->reorder = req.reorder();
+  const int n_layers = d.model->n_layers();
+  if (req.scoring_layers_size() > n_layers) {
+    return Invalid(absl::StrCat("scoring_layers: ", req.scoring_layers_size(),
+                                " entries, the model has ", n_layers, " layers"));
+  }
+  std::vector<bool> listed(n_layers, false);
   for (int l : req.scoring_layers()) {
-    if (l < 0 || l >= d.model->n_layers()) {
-      return Invalid(absl::StrCat("scoring_layers: layer ", l, " outside [0, ", d.model->n_layers(), ")"));
+    if (l < 0 || l >= n_layers) {
+      return Invalid(absl::StrCat("scoring_layers: layer ", l, " outside [0, ", n_layers, ")"));
     }
+    if (listed[l]) return Invalid(absl::StrCat("scoring_layers: layer ", l, " listed twice"));
+    listed[l] = true;
     spec->scoring_layers.push_back(l);
   }
   if (req.lego_k() < 0) return Invalid("lego_k: must be >= 0");
@@ -226,9 +236,20 @@ grpc::Status ToSpec(const ServiceDeps& d, const v1::QueryRequest& req, QuerySpec
                                 spec->max_new_tokens, "] (max_new_tokens)"));
   }
   spec->min_new_tokens = req.min_new_tokens();
+  if (req.stop_size() > kMaxStopStrings) {
+    return Invalid(
+        absl::StrCat("stop: ", req.stop_size(), " stop strings, at most ", kMaxStopStrings));
+  }
   for (int i = 0; i < req.stop_size(); ++i) {
     if (req.stop(i).empty()) return Invalid(absl::StrCat("stop[", i, "]: empty stop string"));
+    if (req.stop(i).size() > kMaxStopStringBytes) {
+      return Invalid(absl::StrCat("stop[", i, "]: ", req.stop(i).size(), " bytes, at most ",
+                                  kMaxStopStringBytes));
+    }
     spec->stop.push_back(req.stop(i));
+  }
+  if (req.stop_ids_size() > kMaxStopIds) {
+    return Invalid(absl::StrCat("stop_ids: ", req.stop_ids_size(), " ids, at most ", kMaxStopIds));
   }
   for (int i = 0; i < req.stop_ids_size(); ++i) {
     const int32_t id = req.stop_ids(i);

@@ -5,6 +5,7 @@
 #ifndef INFOFLOW_SERVER_SERVICES_H_
 #define INFOFLOW_SERVER_SERVICES_H_
 
+#include <cstddef>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -59,6 +60,16 @@ absl::Status CheckBearerToken(const std::string* authorization, const std::strin
 
 // ---- The Query call, transport-neutral (gRPC's Query and the HTTP front
 // end, server/http/, both run exactly this: one path into the scheduler).
+
+// Fixed bounds on a QueryRequest's repeated fields (both transports; the
+// HTTP front end's arrays are held to them too). The decode loop reads every
+// stop string and stop id once per token of its query, and scoring reads every
+// listed layer, on the scheduler's threads that all queries share: unbounded,
+// one 64 MiB request could stall every stream for seconds per token.
+inline constexpr int kMaxStopStrings = 16;
+inline constexpr size_t kMaxStopStringBytes = 256;
+inline constexpr int kMaxStopIds = 1024;
+// scoring_layers: at most one entry per model layer, no layer twice.
 
 // Checks the model selector, validates and translates `req` into *spec and
 // tokenizes it against the limits (QueryRunner::Prepare). No engine work,

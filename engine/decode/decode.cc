@@ -57,9 +57,14 @@ std::optional<NextToken> DecodeState::Advance(const at::Tensor& logits) {
   int32_t id;
   if (generated() < options_.min_new_tokens && !stop_ids.empty()) {
     at::Tensor masked = logits.reshape({-1}).clone();
-    for (int32_t s : stop_ids) {
-      if (s >= 0 && s < masked.size(0)) masked[s] = -std::numeric_limits<float>::infinity();
+    if (!stop_index_.defined()) {
+      std::vector<int64_t> in_vocab;
+      for (int32_t s : stop_ids) {
+        if (s >= 0 && s < masked.size(0)) in_vocab.push_back(s);
+      }
+      stop_index_ = at::tensor(in_vocab, at::kLong).to(masked.device());
     }
+    masked.index_fill_(0, stop_index_, -std::numeric_limits<float>::infinity());
     id = sampler_.Sample(masked);
   } else {
     id = sampler_.Sample(logits);

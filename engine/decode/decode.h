@@ -97,6 +97,10 @@ class DecodeState {
   std::unique_ptr<StreamingDecoder> stream_;
   TokenCallback on_token_;
   std::string pending_;  // decoded text not yet handed to on_token
+  // The in-vocabulary stop ids as one index tensor, built at the first token
+  // that must mask them (min_new_tokens): one index_fill per token instead
+  // of one tensor write per id.
+  at::Tensor stop_index_;
   int64_t next_position_;
   const int64_t max_positions_;
   DecodeResult result_;

@@ -734,6 +734,10 @@ TEST_F(HttpServerTest, BadInputGetsAClearErrorAndTheServerStaysUp) {
   too_many_tokens["max_tokens"] = 100000;
   json long_question = CompletionBody(false);
   long_question["prompt"] = std::string(kPrompt) + std::string(200000, 'x');
+  json long_stop = CompletionBody(false);  // gRPC's bound (kMaxStopStringBytes) holds here too
+  long_stop["stop"] = {"ok", std::string(300, 's')};
+  json layer_twice = CompletionBody(false);
+  layer_twice["infoflow"] = {{"scoring_layers", {0, 0}}};
   const std::vector<Case> cases = {
       {"/v1/completions", "{\"model\": \"infoflow-tiny\", \"prompt\": ", 400, "body"},
       {"/v1/completions", "not json at all", 400, "body"},
@@ -743,6 +747,8 @@ TEST_F(HttpServerTest, BadInputGetsAClearErrorAndTheServerStaysUp) {
       {"/v1/completions", unknown_model.dump(), 404, "model"},
       {"/v1/completions", too_many_tokens.dump(), 400, "max_tokens"},
       {"/v1/completions", long_question.dump(), 400, "question"},
+      {"/v1/completions", long_stop.dump(), 400, "stop[1]"},
+      {"/v1/completions", layer_twice.dump(), 400, "scoring_layers"},
       {"/v1/chat/completions", R"({"model": "infoflow-tiny", "messages": "hi"})", 400, "messages"},
       {"/v1/nowhere", "{}", 404, ""},
   };

@@ -1,13 +1,16 @@
 // End-to-end tests of infoflow-server: the real gRPC server on an ephemeral
 // 127.0.0.1 port, a real RocksDB store in a temp dir, a generated test model,
 // and real promtool/prometheus for /metrics. No mocks.
+#include "server/server.h"
+
 #include <ATen/ATen.h>
-#include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <rocksdb/db.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <netinet/in.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -18,27 +21,25 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <regex>
 #include <sstream>
 #include <string>
-#include <mutex>
 #include <thread>
 #include <vector>
 
-#include <rocksdb/db.h>
-
 #include "cache_store/chunk_store.h"
-#include "engine/chunk/chunk_codec.h"
-#include "engine/model/model.h"
 #include "engine/blend/pipeline.h"
+#include "engine/chunk/chunk_codec.h"
 #include "engine/chunk/chunk_prefill.h"
+#include "engine/model/model.h"
 #include "engine/model/test_model.h"
 #include "engine/text/tokenizer.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "infoflow/v1/infoflow.grpc.pb.h"
 #include "server/admission.h"
 #include "server/query_runner.h"
-#include "server/server.h"
+#include "server/services.h"
 
 namespace infoflow::server {
 namespace {
@@ -691,9 +692,12 @@ TEST_F(ServerTest, BadInputsGetTheirStatusAndServerStaysUsable) {
   };
   const std::string absent(64, 'a');
   const std::vector<Case> cases = {
-      {"no chunks", [](v1::QueryRequest* r) { r->clear_chunks(); }, grpc::INVALID_ARGUMENT, "chunks"},
+      {"no chunks", [](v1::QueryRequest* r) { r->clear_chunks(); }, grpc::INVALID_ARGUMENT,
+       "chunks"},
       {"too many chunks",
-       [](v1::QueryRequest* r) { for (int i = 0; i < 4; ++i) r->add_chunks()->set_text("x y z"); },
+       [](v1::QueryRequest* r) {
+         for (int i = 0; i < 4; ++i) r->add_chunks()->set_text("x y z");
+       },
        grpc::INVALID_ARGUMENT, "chunks"},
       {"empty text chunk", [](v1::QueryRequest* r) { r->add_chunks()->set_text(""); },
        grpc::INVALID_ARGUMENT, "chunks[3].text"},
@@ -712,12 +716,17 @@ TEST_F(ServerTest, BadInputsGetTheirStatusAndServerStaysUsable) {
        "question"},
       {"ratio NaN", [](v1::QueryRequest* r) { r->mutable_ratio()->set_value(std::nan("")); },
        grpc::INVALID_ARGUMENT, "ratio"},
-      {"ratio > 1", [](v1::QueryRequest* r) { r->mutable_ratio()->set_value(1.5); }, grpc::INVALID_ARGUMENT, "ratio"},
-      {"ratio < 0", [](v1::QueryRequest* r) { r->mutable_ratio()->set_value(-0.1); }, grpc::INVALID_ARGUMENT, "ratio"},
+      {"ratio > 1", [](v1::QueryRequest* r) { r->mutable_ratio()->set_value(1.5); },
+       grpc::INVALID_ARGUMENT, "ratio"},
+      {"ratio < 0", [](v1::QueryRequest* r) { r->mutable_ratio()->set_value(-0.1); },
+       grpc::INVALID_ARGUMENT, "ratio"},
       {"max_new_tokens over limit", [](v1::QueryRequest* r) { r->set_max_new_tokens(100000); },
        grpc::INVALID_ARGUMENT, "max_new_tokens"},
       {"min_new_tokens over max_new_tokens",
-       [](v1::QueryRequest* r) { r->set_max_new_tokens(8); r->set_min_new_tokens(9); },
+       [](v1::QueryRequest* r) {
+         r->set_max_new_tokens(8);
+         r->set_min_new_tokens(9);
+       },
        grpc::INVALID_ARGUMENT, "min_new_tokens"},
       {"negative min_new_tokens", [](v1::QueryRequest* r) { r->set_min_new_tokens(-1); },
        grpc::INVALID_ARGUMENT, "min_new_tokens"},
@@ -725,7 +734,34 @@ TEST_F(ServerTest, BadInputsGetTheirStatusAndServerStaysUsable) {
        grpc::INVALID_ARGUMENT, "method"},
       {"bad scoring layer", [](v1::QueryRequest* r) { r->add_scoring_layers(99); },
        grpc::INVALID_ARGUMENT, "scoring_layers"},
-      {"unknown deviation", [](v1::QueryRequest* r) { r->set_deviation(static_cast<v1::Deviation>(9)); },
+      // Repeated fields are bounded: the decode loop reads every stop string
+      // and stop id per token, scoring every listed layer.
+      {"more scoring layers than the model has",
+       [](v1::QueryRequest* r) {
+         for (int i = 0; i < 100; ++i) r->add_scoring_layers(0);
+       },
+       grpc::INVALID_ARGUMENT, "scoring_layers: 100 entries"},
+      {"a scoring layer twice",
+       [](v1::QueryRequest* r) {
+         r->add_scoring_layers(1);
+         r->add_scoring_layers(1);
+       },
+       grpc::INVALID_ARGUMENT, "scoring_layers: layer 1 listed twice"},
+      {"too many stop strings",
+       [](v1::QueryRequest* r) {
+         for (int i = 0; i <= kMaxStopStrings; ++i) r->add_stop("s" + std::to_string(i));
+       },
+       grpc::INVALID_ARGUMENT, "stop: 17 stop strings"},
+      {"stop string too long",
+       [](v1::QueryRequest* r) { r->add_stop(std::string(kMaxStopStringBytes + 1, 'q')); },
+       grpc::INVALID_ARGUMENT, "stop[0]: 257 bytes"},
+      {"too many stop ids",
+       [](v1::QueryRequest* r) {
+         for (int i = 0; i <= kMaxStopIds; ++i) r->add_stop_ids(2);
+       },
+       grpc::INVALID_ARGUMENT, "stop_ids: 1025 ids"},
+      {"unknown deviation",
+       [](v1::QueryRequest* r) { r->set_deviation(static_cast<v1::Deviation>(9)); },
        grpc::INVALID_ARGUMENT, "deviation"},
       {"malformed key", [](v1::QueryRequest* r) { r->add_chunks()->set_key("xyz"); },
        grpc::INVALID_ARGUMENT, "chunks[3].key"},
@@ -733,6 +769,15 @@ TEST_F(ServerTest, BadInputsGetTheirStatusAndServerStaysUsable) {
        grpc::NOT_FOUND, "aaaaaaaa"},
       {"wrong model name", [](v1::QueryRequest* r) { r->mutable_model()->set_name("gpt-17"); },
        grpc::FAILED_PRECONDITION, "model.name"},
+      // Echoed whole, these overran the client's metadata limit: it saw
+      // RESOURCE_EXHAUSTED naming no field, and its channel failed the
+      // next call too (the good query below runs on the same channel).
+      {"long malformed key",
+       [](v1::QueryRequest* r) { r->add_chunks()->set_key(std::string(20000, 'x')); },
+       grpc::INVALID_ARGUMENT, "chunks[3].key: expected 64 hex digits, got 'xxx"},
+      {"long model name",
+       [](v1::QueryRequest* r) { r->mutable_model()->set_name(std::string(1 << 20, 'n')); },
+       grpc::FAILED_PRECONDITION, "...' (1048576 bytes)"},
       {"wrong fingerprint",
        [](v1::QueryRequest* r) { r->mutable_model()->set_fingerprint("deadbeef"); },
        grpc::FAILED_PRECONDITION, "model.fingerprint"},
@@ -774,6 +819,24 @@ TEST_F(ServerTest, BadInputsGetTheirStatusAndServerStaysUsable) {
   QueryCall good = RunQueryRpc(h_.query.get(), QueryByKeys(keys, v1::METHOD_INFOFLOW));
   EXPECT_TRUE(good.status.ok()) << good.status.error_message();
   EXPECT_FALSE(good.ids.empty());
+  // Each bound itself is accepted, and the stop ids masked until
+  // min_new_tokens still never come out.
+  v1::QueryRequest at_bounds = QueryByKeys(keys, v1::METHOD_INFOFLOW);
+  for (int i = 0; i < kMaxStopStrings; ++i) {
+    at_bounds.add_stop(std::string(kMaxStopStringBytes - 3, 'q') + std::to_string(100 + i));
+  }
+  std::vector<int32_t> stop_ids;
+  for (int i = 0; i < kMaxStopIds; ++i) stop_ids.push_back(2 + i % 40);
+  for (int32_t id : stop_ids) at_bounds.add_stop_ids(id);
+  at_bounds.add_scoring_layers(1);
+  at_bounds.add_scoring_layers(0);
+  at_bounds.set_min_new_tokens(at_bounds.max_new_tokens());
+  QueryCall bounded = RunQueryRpc(h_.query.get(), at_bounds);
+  ASSERT_TRUE(bounded.status.ok()) << bounded.status.error_message();
+  EXPECT_EQ(static_cast<int>(bounded.ids.size()), at_bounds.max_new_tokens());
+  for (int32_t id : bounded.ids) {
+    EXPECT_EQ(std::count(stop_ids.begin(), stop_ids.end(), id), 0) << "stop id " << id;
+  }
 }
 
 TEST_F(ServerTest, DeadlineAndCancelStopTheStream) {
