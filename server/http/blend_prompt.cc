@@ -1,6 +1,7 @@
 #include "server/http/blend_prompt.h"
 
 #include "absl/strings/str_cat.h"
+#include "server/quoted_value.h"
 
 namespace infoflow::server::http {
 namespace {
@@ -156,8 +157,9 @@ absl::StatusOr<BlendPrompt> RenderChat(const std::vector<ChatMessage>& messages,
             absl::StrCat("messages[", i, "]: a system message must come first"));
       }
       if (!system && m.role != "user" && m.role != "assistant") {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "messages[", i, "].role: '", m.role, "' (expected system, user or assistant)"));
+        return absl::InvalidArgumentError(absl::StrCat("messages[", i,
+                                                       "].role: ", QuotedValue(m.role),
+                                                       " (expected system, user or assistant)"));
       }
       turns.push_back({system ? "system" : m.role, m.content});
     }
@@ -194,8 +196,9 @@ absl::StatusOr<BlendPrompt> RenderChat(const std::vector<ChatMessage>& messages,
     } else if (m.role == "assistant") {
       absl::StrAppend(&head, format.assistant_open, m.content, format.assistant_close);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "messages[", i, "].role: '", m.role, "' (expected system, user or assistant)"));
+      return absl::InvalidArgumentError(absl::StrCat("messages[", i,
+                                                     "].role: ", QuotedValue(m.role),
+                                                     " (expected system, user or assistant)"));
     }
   }
   absl::StatusOr<BlendPrompt> p = FromPieces(SplitOnSeparator(messages.back().content, separator),

@@ -23,6 +23,7 @@
 #include "server/http/openai_request.h"
 #include "server/http/openai_response.h"
 #include "server/metrics.h"
+#include "server/quoted_value.h"
 
 namespace infoflow::server::http {
 
@@ -67,8 +68,10 @@ void SetError(httplib::Response& res, const HttpError& e) {
 }
 
 void LogHttp(const httplib::Request& req, int status, const std::string& error) {
-  std::fprintf(stderr, "http=%s path=%s status=%d%s%s\n", req.method.c_str(), req.path.c_str(),
-               status, error.empty() ? "" : " error=", error.c_str());
+  // Path and error carry client text: one line each, bounded.
+  std::fprintf(stderr, "http=%s path=%s status=%d%s%s\n", PrintableText(req.method, 16).c_str(),
+               PrintableText(req.path, 256).c_str(), status,
+               error.empty() ? "" : " error=", PrintableText(error, 1024).c_str());
 }
 
 }  // namespace
@@ -204,9 +207,10 @@ void HttpFrontend::Impl::Routes() {
                         {"owned_by", "infoflow-kv"}};
     if (req.matches.size() > 1) {
       if (req.matches[1].str() != d->model_name) {
-        HttpError e = ErrorFromStatus(grpc::StatusCode::NOT_FOUND,
-                                      absl::StrCat("model: the model '", req.matches[1].str(),
-                                                   "' does not exist"));
+        HttpError e =
+            ErrorFromStatus(grpc::StatusCode::NOT_FOUND,
+                            absl::StrCat("model: the model ", QuotedValue(req.matches[1].str()),
+                                         " does not exist"));
         e.code = "model_not_found";
         SetError(res, e);
         return;

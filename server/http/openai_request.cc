@@ -3,14 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "engine/blend/method.h"
+#include "server/quoted_value.h"
 
 namespace infoflow::server::http {
 namespace {
@@ -181,7 +181,7 @@ absl::Status ParseExtension(const json& ext, v1::QueryRequest* q, bool* report, 
   for (const auto& [key, value] : ext.items()) {
     bool known = false;
     for (const char* k : kKeys) known = known || key == k;
-    if (!known) return Bad("infoflow", absl::StrCat("unknown field '", key, "'"));
+    if (!known) return Bad("infoflow", absl::StrCat("unknown field ", QuotedValue(key)));
   }
   std::string method;
   if (absl::Status s = GetString(ext, "method", &method); !s.ok()) return Bad("infoflow.method", "expected a string");
@@ -191,8 +191,8 @@ absl::Status ParseExtension(const json& ext, v1::QueryRequest* q, bool* report, 
     Method m;
     v1::Method pm;
     if (!ParseMethod(name, &m) || !v1::Method_Parse("METHOD_" + name, &pm)) {
-      return Bad("infoflow.method", absl::StrCat("unknown method '", method,
-                                                 "' (FULL, NONE, INFOFLOW, INFOFLOW_BLEND, "
+      return Bad("infoflow.method", absl::StrCat("unknown method ", QuotedValue(method),
+                                                 " (FULL, NONE, INFOFLOW, INFOFLOW_BLEND, "
                                                  "CACHEBLEND, CACHEBLEND_PARTIAL, EPIC, RANDOM)"));
     }
     q->set_method(pm);
@@ -288,9 +288,9 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, Endpoint
   if (!model->is_string()) return Bad("model", "expected a string");
   r.model = model->get<std::string>();
   if (r.model != ctx.model_name) {
-    return absl::NotFoundError(absl::StrCat("model: the model '", r.model,
-                                            "' does not exist; this server serves '",
-                                            ctx.model_name, "' (GET /v1/models)"));
+    return absl::NotFoundError(absl::StrCat("model: the model ", QuotedValue(r.model),
+                                            " does not exist; this server serves '", ctx.model_name,
+                                            "' (GET /v1/models)"));
   }
   q.mutable_model()->set_name(r.model);
   if (absl::Status s = RefuseUnsupported(doc); !s.ok()) return s;

@@ -738,6 +738,11 @@ TEST_F(HttpServerTest, BadInputGetsAClearErrorAndTheServerStaysUp) {
   long_stop["stop"] = {"ok", std::string(300, 's')};
   json layer_twice = CompletionBody(false);
   layer_twice["infoflow"] = {{"scoring_layers", {0, 0}}};
+  // Client text in an error reaches the log line too: one line, bounded.
+  json forged_model = CompletionBody(false);
+  forged_model["model"] = "gpt-4\nhttp=POST path=/forged status=200";
+  json long_field = CompletionBody(false);
+  long_field["infoflow"] = {{std::string(100000, 'f'), 1}};
   const std::vector<Case> cases = {
       {"/v1/completions", "{\"model\": \"infoflow-tiny\", \"prompt\": ", 400, "body"},
       {"/v1/completions", "not json at all", 400, "body"},
@@ -749,6 +754,8 @@ TEST_F(HttpServerTest, BadInputGetsAClearErrorAndTheServerStaysUp) {
       {"/v1/completions", long_question.dump(), 400, "question"},
       {"/v1/completions", long_stop.dump(), 400, "stop[1]"},
       {"/v1/completions", layer_twice.dump(), 400, "scoring_layers"},
+      {"/v1/completions", forged_model.dump(), 404, "model"},
+      {"/v1/completions", long_field.dump(), 400, "infoflow"},
       {"/v1/chat/completions", R"({"model": "infoflow-tiny", "messages": "hi"})", 400, "messages"},
       {"/v1/nowhere", "{}", 404, ""},
   };
@@ -762,6 +769,13 @@ TEST_F(HttpServerTest, BadInputGetsAClearErrorAndTheServerStaysUp) {
     EXPECT_TRUE(e["error"]["type"].is_string());
     if (!c.param.empty()) {
       EXPECT_EQ(e["error"]["param"], c.param) << r->body;
+    }
+  }
+  {
+    std::istringstream log(srv_->log());
+    for (std::string line; std::getline(log, line);) {
+      EXPECT_NE(line.rfind("http=POST path=/forged", 0), 0u) << "a request wrote its own log line";
+      EXPECT_LT(line.size(), 2048u) << line.substr(0, 200);
     }
   }
 

@@ -39,6 +39,7 @@
 #include "infoflow/v1/infoflow.grpc.pb.h"
 #include "server/admission.h"
 #include "server/query_runner.h"
+#include "server/quoted_value.h"
 #include "server/services.h"
 
 namespace infoflow::server {
@@ -645,6 +646,16 @@ TEST(ServerOptionsTest, SharedTierFlags) {
     ASSERT_FALSE(bad.ok()) << flag << " " << value;
     EXPECT_NE(bad.status().message().find(flag), std::string::npos) << bad.status();
   }
+}
+
+TEST(QuotedValueTest, CutsLongValuesAndKeepsThemOnOneLine) {
+  EXPECT_EQ(QuotedValue("gpt-17"), "'gpt-17'");
+  EXPECT_EQ(QuotedValue(std::string(100, 'x')), "'" + std::string(64, 'x') + "...' (100 bytes)");
+  // Cut before a character's continuation bytes, never inside it.
+  const std::string accented = std::string(63, 'a') + "\xC3\xA9" + std::string(10, 'b');
+  EXPECT_EQ(QuotedValue(accented), "'" + std::string(63, 'a') + "...' (75 bytes)");
+  EXPECT_EQ(PrintableText("a\nb\r\tc\x01\x7f", 100), "a\\nb\\r\\tc\\x01\\x7f");
+  EXPECT_EQ(QuotedValue("x\nforged"), "'x\\nforged'");
 }
 
 TEST(ServerOptionsTest, HttpListenerFlagsAreBounded) {
