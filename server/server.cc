@@ -61,6 +61,8 @@ struct InfoflowServer::State {
   // ranks serve it (server/group/); both null otherwise.
   std::unique_ptr<GroupLeader> group_leader;
   std::unique_ptr<GroupWorker> group_worker;
+  // Before the services and the gRPC server: outlives every stream it watches.
+  std::unique_ptr<IdleStreamReaper> stream_reaper;
   ServiceDeps deps;
   std::unique_ptr<IngestService> ingest;
   std::unique_ptr<QueryService> query;
@@ -282,6 +284,9 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
     d.auth_token = std::string(absl::StripAsciiWhitespace(*token));
     if (d.auth_token.empty()) return absl::InvalidArgumentError("--auth-token-file: empty token");
   }
+  s->stream_reaper =
+      std::make_unique<IdleStreamReaper>(std::chrono::milliseconds(options.grpc_stream_idle_ms));
+  s->deps.stream_reaper = s->stream_reaper.get();
   s->ingest = std::make_unique<IngestService>(&s->deps);
   s->query = std::make_unique<QueryService>(&s->deps);
   s->admin = std::make_unique<AdminService>(&s->deps);
@@ -304,6 +309,11 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
   builder.RegisterService(s->query.get());
   builder.RegisterService(s->admin.get());
   builder.SetMaxReceiveMessageSize(64 << 20);
+  // Each call in a handler holds a thread (sync API); without a cap a flood of
+  // held streams starts one thread each until the process runs out.
+  grpc::ResourceQuota quota("infoflow-grpc");
+  quota.SetMaxThreads(options.grpc_max_threads);
+  builder.SetResourceQuota(quota);
   s->server = builder.BuildAndStart();
   if (!s->server || s->port == 0) {
     return absl::UnavailableError(absl::StrCat("--listen ", options.listen, ": cannot bind"));

@@ -57,6 +57,10 @@ const char kServerUsage[] =
     "                          damaged store files at start: exit (default), or move the\n"
     "                          store aside to <data-dir>.quarantined-<time> and start empty\n"
     "  --reflection true|false serve gRPC reflection (default true)\n"
+    "  --grpc-max-threads N    gRPC calls handled at once, a thread each (default 512); past\n"
+    "                          it a call is refused with RESOURCE_EXHAUSTED\n"
+    "  --grpc-stream-idle-ms N an IngestStream whose client has sent nothing for N ms is\n"
+    "                          cancelled, freeing its thread (default 60000; 0 = never)\n"
     "  --kv-codec raw|int8|int4 stored chunk K/V: the compute dtype (default, exact) or\n"
     "                          quantized in groups (keys per channel, values per token)\n"
     "  --kv-group-size N       elements per quantization group (default 64)\n"
@@ -245,6 +249,17 @@ absl::Status Apply(ServerOptions* o, const std::string& name, const std::string&
     if (absl::Status st = num(&o->http_max_connections, 2); !st.ok()) return st;
     if (o->http_max_connections > 65536) {
       return absl::InvalidArgumentError("--http-max-connections: at most 65536");
+    }
+  } else if (name == "grpc-max-threads") {
+    if (absl::Status st = num(&o->grpc_max_threads, 8); !st.ok()) return st;
+    if (o->grpc_max_threads > 65536) {
+      return absl::InvalidArgumentError("--grpc-max-threads: at most 65536");
+    }
+  } else if (name == "grpc-stream-idle-ms") {
+    if (absl::Status st = num(&o->grpc_stream_idle_ms, 0); !st.ok()) return st;
+    if (o->grpc_stream_idle_ms > 86400000) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--grpc-stream-idle-ms: at most 86400000 (1 day), got ", value));
     }
   } else if (name == "http-request-timeout-ms") {
     // At most an hour: a deadline is now + this, which must not overflow.

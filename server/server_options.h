@@ -59,6 +59,12 @@ struct ServerOptions {
   // aside to <data_dir>.quarantined-<time>, start empty, count it).
   std::string on_corrupt_store = "refuse";
   bool reflection = true;  // serve gRPC server reflection
+  // gRPC handler threads at most (grpc::ResourceQuota::SetMaxThreads): past
+  // it a new call is refused with RESOURCE_EXHAUSTED instead of starting a
+  // thread. A client stream that has sent nothing for grpc_stream_idle_ms is
+  // cancelled (IdleStreamReaper); 0 = never.
+  int grpc_max_threads = 512;
+  int64_t grpc_stream_idle_ms = 60000;
   // How chunk K/V is stored: "raw" (the compute dtype, bit-exact), "int8" or
   // "int4" (group-wise quantized, engine/chunk/kv_quant.h).
   std::string kv_codec = "raw";

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -369,13 +370,25 @@ grpc::Status IngestService::IngestStream(
   grpc::Status s = CheckAuth(ctx, d_->auth_token);
   int batches = 0;
   v1::IngestRequest req;
+  // This handler holds a server thread while it waits for the client.
+  std::optional<IdleStreamReaper::Watch> watch;
+  if (d_->stream_reaper != nullptr) watch.emplace(d_->stream_reaper, ctx);
   while (s.ok() && stream->Read(&req)) {
+    if (watch) watch->Working();
     v1::IngestResponse resp;
     s = DoIngest(ctx, req, &resp);
     if (s.ok() && !stream->Write(resp)) s = grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
     ++batches;
+    if (watch) watch->Waiting();
   }
-  LogLine(absl::StrFormat("rpc=IngestStream batches=%d status=%s", batches, CodeName(s.error_code())));
+  const bool reaped = watch && watch->reaped();
+  if (reaped) {
+    s = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                     absl::StrCat("nothing sent for ", d_->options->grpc_stream_idle_ms,
+                                  " ms (--grpc-stream-idle-ms)"));
+  }
+  LogLine(absl::StrFormat("rpc=IngestStream batches=%d status=%s%s", batches,
+                          CodeName(s.error_code()), reaped ? " reason=idle" : ""));
   return s;
 }
 

@@ -13,6 +13,7 @@
 #include "engine/text/model_chat_template.h"
 #include "infoflow/v1/infoflow.grpc.pb.h"
 #include "server/chunk_resolver.h"
+#include "server/idle_stream_reaper.h"
 #include "server/metrics.h"
 #include "server/query_runner.h"
 #include "server/scheduler.h"
@@ -43,6 +44,8 @@ struct ServiceDeps {
   // group; Ingest and Query are refused with FAILED_PRECONDITION. -1: no group.
   GroupLeader* group = nullptr;
   int group_rank = -1;
+  // Cancels IngestStreams whose client idles (--grpc-stream-idle-ms).
+  IdleStreamReaper* stream_reaper = nullptr;
 };
 
 // FAILED_PRECONDITION when this process is a rank > 0 of a group (requests

@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <regex>
@@ -658,7 +659,7 @@ TEST(QuotedValueTest, CutsLongValuesAndKeepsThemOnOneLine) {
   EXPECT_EQ(QuotedValue("x\nforged"), "'x\\nforged'");
 }
 
-TEST(ServerOptionsTest, HttpListenerFlagsAreBounded) {
+TEST(ServerOptionsTest, ListenerFlagsAreBounded) {
   auto parse = [](std::vector<std::string> args) {
     args.insert(args.begin(), "infoflow-server");
     std::vector<char*> argv;
@@ -670,11 +671,16 @@ TEST(ServerOptionsTest, HttpListenerFlagsAreBounded) {
   ASSERT_TRUE(def.ok());
   EXPECT_EQ(def->http_max_connections, 512);
   EXPECT_EQ(def->http_request_timeout_ms, 30000);
+  EXPECT_EQ(def->grpc_max_threads, 512);
+  EXPECT_EQ(def->grpc_stream_idle_ms, 60000);
   auto set = parse({"--http-max-connections=8", "--http-request-timeout-ms=3600000",
-                    "--http-max-body-bytes=1073741824"});
+                    "--http-max-body-bytes=1073741824", "--grpc-max-threads=8",
+                    "--grpc-stream-idle-ms=0"});
   ASSERT_TRUE(set.ok()) << set.status();
   EXPECT_EQ(set->http_max_connections, 8);
   EXPECT_EQ(set->http_request_timeout_ms, 3600000);
+  EXPECT_EQ(set->grpc_max_threads, 8);
+  EXPECT_EQ(set->grpc_stream_idle_ms, 0);
   // A deadline is now + the timeout, and the bodies' budget 16 x the body
   // limit: both must stay far from overflowing.
   for (auto [flag, value] : std::vector<std::pair<std::string, std::string>>{
@@ -683,7 +689,11 @@ TEST(ServerOptionsTest, HttpListenerFlagsAreBounded) {
            {"--http-request-timeout-ms", "99"},
            {"--http-request-timeout-ms", "3600001"},
            {"--http-request-timeout-ms", "9223372036854775807"},
-           {"--http-max-body-bytes", "1073741825"}}) {
+           {"--http-max-body-bytes", "1073741825"},
+           {"--grpc-max-threads", "7"},
+           {"--grpc-max-threads", "65537"},
+           {"--grpc-stream-idle-ms", "-1"},
+           {"--grpc-stream-idle-ms", "86400001"}}) {
     auto bad = parse({flag, value});
     ASSERT_FALSE(bad.ok()) << flag << " " << value;
     EXPECT_NE(bad.status().message().find(flag), std::string::npos) << bad.status();
@@ -848,6 +858,101 @@ TEST_F(ServerTest, BadInputsGetTheirStatusAndServerStaysUsable) {
   for (int32_t id : bounded.ids) {
     EXPECT_EQ(std::count(stop_ids.begin(), stop_ids.end(), id), 0) << "stop id " << id;
   }
+}
+
+int ProcessThreads() {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+using IngestStreamRw = grpc::ClientReaderWriter<v1::IngestRequest, v1::IngestResponse>;
+
+// An IngestStream handler holds a server thread while it waits for the
+// client: 3000 idle streams held 3000 threads before --grpc-stream-idle-ms.
+TEST_F(ServerTest, AnIdleIngestStreamIsCancelledAndABusyOneIsNot) {
+  h_.options.grpc_stream_idle_ms = 400;
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  // Deadlines only so that a server that never reaps fails the test instead
+  // of hanging it.
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(20);
+  grpc::ClientContext idle_ctx;
+  idle_ctx.set_deadline(deadline);
+  std::unique_ptr<IngestStreamRw> idle = h_.ingest->IngestStream(&idle_ctx);
+  const auto t0 = std::chrono::steady_clock::now();
+  // The busy stream sends a batch every 150 ms for 1.5 s: never 400 ms quiet.
+  grpc::ClientContext busy_ctx;
+  std::unique_ptr<IngestStreamRw> busy = h_.ingest->IngestStream(&busy_ctx);
+  int answered = 0;
+  for (int i = 0; i < 10; ++i) {
+    v1::IngestRequest req;
+    req.add_chunks()->set_text(kTexts[i % 3]);
+    ASSERT_TRUE(busy->Write(req)) << "batch " << i;
+    v1::IngestResponse resp;
+    ASSERT_TRUE(busy->Read(&resp)) << "batch " << i;
+    answered += resp.results_size();
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  }
+  busy->WritesDone();
+  EXPECT_TRUE(busy->Finish().ok());
+  EXPECT_EQ(answered, 10);
+  // The idle one was ended by the server, about 400-500 ms after it opened.
+  const grpc::Status idle_status = idle->Finish();
+  EXPECT_EQ(idle_status.error_code(), grpc::CANCELLED) << idle_status.error_message();
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(400));
+  // A stream that idles between batches is ended after it too, and the
+  // batches it sent before were answered.
+  grpc::ClientContext late_ctx;
+  late_ctx.set_deadline(deadline);
+  std::unique_ptr<IngestStreamRw> late = h_.ingest->IngestStream(&late_ctx);
+  v1::IngestRequest req = IngestAll();
+  ASSERT_TRUE(late->Write(req));
+  v1::IngestResponse resp;
+  ASSERT_TRUE(late->Read(&resp));
+  EXPECT_EQ(resp.results_size(), req.chunks_size());
+  EXPECT_FALSE(late->Read(&resp));  // then nothing: the server ended it
+  EXPECT_EQ(late->Finish().error_code(), grpc::CANCELLED);
+}
+
+// --grpc-max-threads caps the handler threads: a flood of held streams gets
+// RESOURCE_EXHAUSTED past it instead of a thread each, and once they go the
+// server answers again.
+TEST_F(ServerTest, GrpcHandlerThreadsAreCapped) {
+  h_.options.grpc_max_threads = 16;
+  h_.options.grpc_stream_idle_ms = 0;  // held until the client lets go
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  std::vector<std::string> keys = IngestKeys();
+  const int before = ProcessThreads();
+  constexpr int kStreams = 200;
+  std::vector<std::unique_ptr<grpc::ClientContext>> ctxs;
+  std::vector<std::unique_ptr<IngestStreamRw>> streams;
+  for (int i = 0; i < kStreams; ++i) {
+    ctxs.push_back(std::make_unique<grpc::ClientContext>());
+    streams.push_back(h_.ingest->IngestStream(ctxs.back().get()));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const int during = ProcessThreads();
+  EXPECT_LE(during - before, 24) << "threads " << before << " -> " << during;
+  // A call past the cap is refused at once, naming the cause; retryable.
+  QueryCall refused = RunQueryRpc(h_.query.get(), QueryByKeys(keys, v1::METHOD_NONE));
+  EXPECT_EQ(refused.status.error_code(), grpc::RESOURCE_EXHAUSTED)
+      << refused.status.error_message();
+  // Half-closing lets each held handler end (OK); the streams refused at the
+  // cap say so.
+  int exhausted = 0, ok = 0;
+  for (auto& st : streams) st->WritesDone();
+  for (auto& st : streams) {
+    const grpc::Status fs = st->Finish();
+    exhausted += fs.error_code() == grpc::RESOURCE_EXHAUSTED;
+    ok += fs.ok();
+  }
+  EXPECT_GE(exhausted, kStreams - 24);
+  EXPECT_EQ(exhausted + ok, kStreams);
+  streams.clear();
+  QueryCall good = RunQueryRpc(h_.query.get(), QueryByKeys(keys, v1::METHOD_NONE));
+  EXPECT_TRUE(good.status.ok()) << good.status.error_message();
 }
 
 TEST_F(ServerTest, DeadlineAndCancelStopTheStream) {
