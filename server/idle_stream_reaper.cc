@@ -43,10 +43,10 @@ int64_t IdleStreamReaper::reaped_total() const {
   return reaped_total_;
 }
 
-IdleStreamReaper::Watch::Watch(IdleStreamReaper* reaper, grpc::ServerContext* ctx)
+IdleStreamReaper::Watch::Watch(IdleStreamReaper* reaper, grpc::ServerContext* ctx, bool waiting)
     : reaper_(reaper) {
   std::lock_guard<std::mutex> l(reaper_->mu_);
-  entry_ = reaper_->entries_.insert(reaper_->entries_.end(), Entry{ctx, true, Clock::now()});
+  entry_ = reaper_->entries_.insert(reaper_->entries_.end(), Entry{ctx, waiting, Clock::now()});
 }
 
 IdleStreamReaper::Watch::~Watch() {

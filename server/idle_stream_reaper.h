@@ -13,12 +13,14 @@
 
 namespace infoflow::server {
 
-// A synchronous gRPC handler of a client stream holds one server thread
-// while it waits in Read(). Without a bound, idle streams (3000 of them took
-// 3000 threads) exhaust --grpc-max-threads, and every later call is refused.
-// The reaper cancels (ServerContext::TryCancel) a watched stream whose client
-// has sent nothing for `idle`; time the handler spends working between two
-// reads does not count. Thread-safe.
+// A synchronous gRPC handler holds one server thread while it waits on its
+// client: in Read() for the next message of a client stream, or in Write()
+// when the client reads nothing and the stream's flow-control window is full.
+// Without a bound, such streams (3000 idle ones took 3000 threads) exhaust
+// --grpc-max-threads, and every later call is refused. The reaper cancels
+// (ServerContext::TryCancel) a watched stream that has waited on its client
+// for `idle` at a stretch; time the handler spends working does not count.
+// Thread-safe.
 class IdleStreamReaper {
  public:
   // `idle` <= 0: never reaps (Watch still works).
@@ -29,16 +31,18 @@ class IdleStreamReaper {
 
   struct Entry;
   // Watches one stream for its handler's lifetime (create it in the handler,
-  // before the first Read). Starts as waiting for the client.
+  // before the first Read or Write). Starts waiting on the client, or
+  // working when `waiting` is false.
   class Watch {
    public:
-    Watch(IdleStreamReaper* reaper, grpc::ServerContext* ctx);
+    Watch(IdleStreamReaper* reaper, grpc::ServerContext* ctx, bool waiting = true);
     ~Watch();
     Watch(const Watch&) = delete;
     Watch& operator=(const Watch&) = delete;
-    // The handler got a message and works on it: not idle until Waiting().
+    // The handler works (on a message, or while its query is computed): not
+    // idle until Waiting().
     void Working();
-    // The handler waits for the client's next message, from now.
+    // The handler waits on the client from now: in Read(), or in Write().
     void Waiting();
     // True once the reaper cancelled the stream for idling.
     bool reaped() const;

@@ -520,12 +520,23 @@ grpc::Status QueryService::Query(grpc::ServerContext* ctx, const v1::QueryReques
   grpc::Status s = CheckAuth(ctx, d_->auth_token);
   if (s.ok()) s = PrepareQuery(*d_, *req, &spec);
   if (s.ok()) {
+    // Write() blocks while the client reads nothing and the stream's window
+    // is full (answers past ~64 KiB: a few thousand tokens); the reaper ends
+    // a write that waits longer than --grpc-stream-idle-ms.
+    std::optional<IdleStreamReaper::Watch> watch;
+    if (d_->stream_reaper != nullptr) watch.emplace(d_->stream_reaper, ctx, /*waiting=*/false);
+    auto write = [&watch, writer](const v1::QueryResponse& msg) {
+      if (watch) watch->Waiting();
+      const bool written = writer->Write(msg);
+      if (watch) watch->Working();
+      return written;
+    };
     QueryStreamIo io;
-    io.write_token = [writer](int32_t id, std::string_view text) {
+    io.write_token = [&write](int32_t id, std::string_view text) {
       v1::QueryResponse msg;
       msg.mutable_token()->set_id(id);
       msg.mutable_token()->set_text(std::string(text));
-      return writer->Write(msg);
+      return write(msg);
     };
     io.cancelled = [ctx] { return ctx->IsCancelled(); };
     io.deadline_passed = [ctx] { return DeadlinePassed(ctx); };
@@ -534,7 +545,13 @@ grpc::Status QueryService::Query(grpc::ServerContext* ctx, const v1::QueryReques
     if (s.ok() && req->return_report()) {
       v1::QueryResponse msg;
       FillReport(spec, *run.outcome, msg.mutable_report());
-      writer->Write(msg);
+      write(msg);
+    }
+    if (watch && watch->reaped()) {
+      s = grpc::Status(
+          grpc::StatusCode::DEADLINE_EXCEEDED,
+          absl::StrCat("the client read nothing for ", d_->options->grpc_stream_idle_ms,
+                       " ms (--grpc-stream-idle-ms)"));
     }
   }
   LogQuery("rpc=Query", req->chunks_size(), spec, s, run.outcome);

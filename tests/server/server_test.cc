@@ -916,6 +916,41 @@ TEST_F(ServerTest, AnIdleIngestStreamIsCancelledAndABusyOneIsNot) {
   EXPECT_EQ(late->Finish().error_code(), grpc::CANCELLED);
 }
 
+// A client that reads nothing fills the stream's flow-control window (a
+// small one here, as a client may announce), and the handler's Write()
+// blocks, holding a server thread. The reaper ends it after
+// --grpc-stream-idle-ms; time spent queued or computing does not count.
+TEST_F(ServerTest, AQueryWhoseClientReadsNothingIsCancelled) {
+  h_.options.grpc_stream_idle_ms = 500;
+  h_.options.max_new_tokens = 3000;
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  std::vector<std::string> keys = IngestKeys();
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1024);
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  auto channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(h_.server->port()),
+                                           grpc::InsecureChannelCredentials(), args);
+  std::unique_ptr<v1::Query::Stub> stub = v1::Query::NewStub(channel);
+  v1::QueryRequest req = QueryByKeys(keys, v1::METHOD_NONE);
+  req.set_max_new_tokens(3000);
+  req.set_min_new_tokens(3000);
+  req.mutable_sampling()->set_temperature(1.0);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  std::unique_ptr<grpc::ClientReader<v1::QueryResponse>> reader = stub->Query(&ctx, req);
+  std::this_thread::sleep_for(std::chrono::seconds(4));  // reads nothing
+  int tokens = 0;
+  v1::QueryResponse msg;
+  while (reader->Read(&msg)) tokens += msg.has_token();
+  const grpc::Status status = reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::CANCELLED) << status.error_message();
+  EXPECT_LT(tokens, 3000);
+  // A reader that keeps up is not cut, however long the answer takes.
+  QueryCall full = RunQueryRpc(stub.get(), req);
+  EXPECT_TRUE(full.status.ok()) << full.status.error_message();
+  EXPECT_EQ(static_cast<int>(full.ids.size()), 3000);
+}
+
 // --grpc-max-threads caps the handler threads: a flood of held streams gets
 // RESOURCE_EXHAUSTED past it instead of a thread each, and once they go the
 // server answers again.
