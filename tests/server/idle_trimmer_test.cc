@@ -6,7 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #if defined(__GLIBC__)
@@ -39,7 +42,26 @@ void TouchAndFree(size_t bytes, void** fence) {
   for (void* p : pieces) std::free(p);
 }
 
+// Whether all of glibc's heap memory is in the main arena ([heap]), which
+// HeapTrimmableBytes reads page by page; with other arenas holding memory it
+// falls back to fordblks. The server keeps one arena (server/main.cc).
+bool OnlyTheMainArena() {
+  size_t heap = 0;
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("[heap]") == std::string::npos) continue;
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx", &lo, &hi) == 2) heap = hi - lo;
+    break;
+  }
+  return heap > 0 && mallinfo2().arena <= heap + (size_t{1} << 20);
+}
+
 TEST(IdleTrimmerTest, TrimmedHeapIsNotCountedAgainUntilTouched) {
+  // ctest runs this test alone in its process. Run with the whole binary,
+  // after tests whose servers' threads made arenas of their own, the exact
+  // measure does not apply.
+  if (!OnlyTheMainArena()) GTEST_SKIP() << "other malloc arenas hold memory (run it alone)";
   // As the server runs: freed memory stays in the heap until trimmed.
   ASSERT_EQ(mallopt(M_TRIM_THRESHOLD, 1 << 30), 1);
   ASSERT_EQ(mallopt(M_MMAP_THRESHOLD, 32 << 20), 1);
