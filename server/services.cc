@@ -177,6 +177,19 @@ grpc::Status ToSpec(const ServiceDeps& d, const v1::QueryRequest& req, QuerySpec
     }
     spec->chunks.push_back(std::move(ref));
   }
+  // Chunk texts are tokenized on the scheduler's prefill thread, before the
+  // context limit can be checked in tokens: bound them in bytes here (as the
+  // question and each chunk are), so one request cannot hold that thread
+  // tokenizing megabytes it will refuse.
+  uint64_t text_bytes = 0;
+  for (const ChunkRef& ref : spec->chunks) text_bytes += ref.text.size();
+  const uint64_t text_limit = static_cast<uint64_t>(o.max_context_tokens) * kMaxBytesPerToken;
+  if (text_bytes > text_limit) {
+    return Invalid(absl::StrCat("chunks: ", text_bytes, " bytes of chunk text, more than ",
+                                o.max_context_tokens, " tokens can hold (--max-context-tokens ",
+                                o.max_context_tokens, ", ", kMaxBytesPerToken,
+                                " bytes per token)"));
+  }
   if (grpc::Status s = ToPrefixMode(*d.model, req.prefix_mode(), &spec->prefix_mode); !s.ok()) {
     return s;
   }

@@ -703,6 +703,7 @@ TEST(ServerOptionsTest, ListenerFlagsAreBounded) {
 TEST_F(ServerTest, BadInputsGetTheirStatusAndServerStaysUsable) {
   h_.options.max_chunks = 4;
   h_.options.max_chunk_tokens = 64;
+  h_.options.max_context_tokens = 128;  // chunk text bytes: at most 128 x 32 = 4096
   ASSERT_NO_FATAL_FAILURE(h_.Start());
   std::vector<std::string> keys = IngestKeys();
   struct Case {
@@ -729,6 +730,13 @@ TEST_F(ServerTest, BadInputsGetTheirStatusAndServerStaysUsable) {
          r->add_chunks()->set_text(big);
        },
        grpc::INVALID_ARGUMENT, "chunks[3].text"},
+      // Refused by bytes before the prefill thread tokenizes any of it.
+      {"chunk texts over the context's bytes",
+       [](v1::QueryRequest* r) {
+         r->clear_chunks();
+         for (int i = 0; i < 3; ++i) r->add_chunks()->set_text(std::string(2000, 'a'));
+       },
+       grpc::INVALID_ARGUMENT, "chunks: 6000 bytes of chunk text"},
       {"invalid utf8 chunk", [](v1::QueryRequest* r) { r->add_chunks()->set_text("ab\xC3\x28"); },
        grpc::INVALID_ARGUMENT, "UTF-8"},
       {"invalid utf8 question", [](v1::QueryRequest* r) { r->set_question("\xFF\xFE"); },
