@@ -88,11 +88,12 @@ class DeviceBaton {
 
 // One request, shared by the caller's gRPC thread and the scheduler threads.
 struct Request {
-  const QuerySpec* spec = nullptr;                         // a query, or
-  const std::function<absl::Status()>* work = nullptr;     // exclusive work (ingest)
+  const QuerySpec* spec = nullptr;                                // a query, or
+  const std::function<absl::Status(bool* more)>* step = nullptr;  // exclusive work (ingest)
   Clock::time_point enqueued = Clock::now();
   std::atomic<bool> cancel{false};  // the caller's client went away / deadline passed
   bool started = false;             // guarded by Impl::mu: left the queue
+  bool admitted = false;            // guarded by Impl::mu: left it once (steps go back)
 
   // What the caller waits for; guarded by `mu`.
   std::mutex mu;
@@ -205,7 +206,7 @@ void Scheduler::Impl::PrefillThread() {
   ScopedYieldPolicy policy({[this] { baton.YieldToDecode(); }, options.max_batch_tokens});
   while (true) {
     std::shared_ptr<Request> r;
-    bool alone = false;
+    bool alone = false, first_turn = false;
     {
       std::unique_lock<std::mutex> l(mu);
       cv.wait(l, [&] { return stop_prefill || (!queue.empty() && running < options.max_running); });
@@ -214,7 +215,9 @@ void Scheduler::Impl::PrefillThread() {
       queue.pop_front();
       r->started = true;
       ++running;
-      ++admitted;
+      first_turn = !r->admitted;
+      if (first_turn) ++admitted;
+      r->admitted = true;
       alone = running == 1;
     }
     // Nothing is decoding (this request is the only one past the queue),
@@ -224,20 +227,32 @@ void Scheduler::Impl::PrefillThread() {
     // runs whole, as the engine does in-process.
     std::optional<ScopedYieldPolicy> whole;
     if (alone) whole.emplace(YieldPolicy{});
-    if (metrics) metrics->ObserveQueueWait(Seconds(Clock::now() - r->enqueued));
+    if (metrics && first_turn) metrics->ObserveQueueWait(Seconds(Clock::now() - r->enqueued));
     if (r->cancel.load()) {
       Complete(r.get(), absl::CancelledError("cancelled while waiting in the queue"));
       continue;
     }
     baton.AcquireForPrefill();
-    if (r->work != nullptr) {
+    if (r->step != nullptr) {
       absl::Status s;
+      bool more = false;
       try {
-        s = (*r->work)();
+        s = (*r->step)(&more);
       } catch (const std::exception& e) {
         s = absl::InternalError(absl::StrCat("engine error: ", e.what()));
       }
       baton.Release();
+      if (s.ok() && more && !r->cancel.load()) {
+        // Back of the line, as admitted work: no queue-depth check again.
+        {
+          std::lock_guard<std::mutex> l(mu);
+          r->started = false;
+          --running;
+          queue.push_back(r);
+        }
+        cv.notify_all();
+        continue;
+      }
       Complete(r.get(), s);
       continue;
     }
@@ -464,8 +479,18 @@ absl::StatusOr<QueryOutcome> Scheduler::RunQuery(const QuerySpec& spec, const To
 
 absl::Status Scheduler::RunExclusive(const std::function<absl::Status()>& work,
                                      const std::function<bool()>& cancelled) {
+  return RunExclusiveInSteps(
+      [&work](bool* more) {
+        *more = false;
+        return work();
+      },
+      cancelled);
+}
+
+absl::Status Scheduler::RunExclusiveInSteps(const std::function<absl::Status(bool* more)>& step,
+                                            const std::function<bool()>& cancelled) {
   auto r = std::make_shared<Request>();
-  r->work = &work;
+  r->step = &step;
   if (absl::Status s = impl_->Enqueue(r); !s.ok()) return s;
   return impl_->Wait(r, nullptr, cancelled);
 }

@@ -78,11 +78,20 @@ class Scheduler {
                                         const std::function<bool()>& cancelled);
 
   // Runs `work` on the prefill thread, in FIFO order with the queries'
-  // prefills and under the same yield policy (ingest). Blocks until done.
+  // prefills and under the same yield policy. Blocks until done.
   // RESOURCE_EXHAUSTED when the queue is full, CANCELLED when `cancelled()`
   // turned true while queued.
   absl::Status RunExclusive(const std::function<absl::Status()>& work,
                             const std::function<bool()>& cancelled);
+
+  // As RunExclusive, for work that comes in steps (an ingest batch, a chunk
+  // a step): `step` runs once per turn and sets *more while work is left;
+  // the request then goes to the back of the queue, so what arrived
+  // meanwhile (a query's prefill) runs before its next step, and a query
+  // waits for one step, not for the whole batch. Admission (--queue-depth)
+  // applies once, at the start. An error or !*more ends it.
+  absl::Status RunExclusiveInSteps(const std::function<absl::Status(bool* more)>& step,
+                                   const std::function<bool()>& cancelled);
 
   int waiting() const;  // requests in the queue
   int running() const;  // requests past the queue (prefilling or decoding)
