@@ -931,7 +931,7 @@ TEST_F(ServerTest, AnIdleIngestStreamIsCancelledAndABusyOneIsNot) {
 // blocks, holding a server thread. The reaper ends it after
 // --grpc-stream-idle-ms; time spent queued or computing does not count.
 TEST_F(ServerTest, AQueryWhoseClientReadsNothingIsCancelled) {
-  h_.options.grpc_stream_idle_ms = 500;
+  h_.options.grpc_stream_idle_ms = 1000;
   h_.options.max_new_tokens = 3000;
   ASSERT_NO_FATAL_FAILURE(h_.Start());
   std::vector<std::string> keys = IngestKeys();
