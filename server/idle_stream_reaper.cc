@@ -31,16 +31,10 @@ void IdleStreamReaper::Run() {
     for (Entry& e : entries_) {
       if (e.waiting && !e.reaped && now - e.since >= idle_) {
         e.reaped = true;
-        ++reaped_total_;
         e.ctx->TryCancel();  // its Read() returns false; the handler ends
       }
     }
   }
-}
-
-int64_t IdleStreamReaper::reaped_total() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return reaped_total_;
 }
 
 IdleStreamReaper::Watch::Watch(IdleStreamReaper* reaper, grpc::ServerContext* ctx, bool waiting)

@@ -6,7 +6,6 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <cstdint>
 #include <list>
 #include <mutex>
 #include <thread>
@@ -29,7 +28,15 @@ class IdleStreamReaper {
   IdleStreamReaper(const IdleStreamReaper&) = delete;
   IdleStreamReaper& operator=(const IdleStreamReaper&) = delete;
 
-  struct Entry;
+ private:
+  struct Entry {  // one watched stream; guarded by mu_
+    grpc::ServerContext* ctx;
+    bool waiting;  // on its client, since `since`
+    std::chrono::steady_clock::time_point since;
+    bool reaped = false;
+  };
+
+ public:
   // Watches one stream for its handler's lifetime (create it in the handler,
   // before the first Read or Write). Starts waiting on the client, or
   // working when `waiting` is false.
@@ -52,25 +59,15 @@ class IdleStreamReaper {
     std::list<Entry>::iterator entry_;
   };
 
-  int64_t reaped_total() const;
-
  private:
   void Run();
 
   const std::chrono::milliseconds idle_;
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::condition_variable cv_;
   std::list<Entry> entries_;
-  int64_t reaped_total_ = 0;
   bool stop_ = false;
   std::thread thread_;
-};
-
-struct IdleStreamReaper::Entry {
-  grpc::ServerContext* ctx;
-  bool waiting = true;
-  std::chrono::steady_clock::time_point since;
-  bool reaped = false;
 };
 
 }  // namespace infoflow::server

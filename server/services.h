@@ -44,7 +44,8 @@ struct ServiceDeps {
   // group; Ingest and Query are refused with FAILED_PRECONDITION. -1: no group.
   GroupLeader* group = nullptr;
   int group_rank = -1;
-  // Cancels IngestStreams whose client idles (--grpc-stream-idle-ms).
+  // Cancels a stream that waits on its client too long (--grpc-stream-idle-ms):
+  // an IngestStream whose client sends nothing, a Query whose client reads nothing.
   IdleStreamReaper* stream_reaper = nullptr;
 };
 
