@@ -9,20 +9,23 @@
 
 namespace infoflow::server {
 
-// `text` cut to at most `max_bytes` bytes (at a UTF-8 character boundary,
-// then "... (N bytes)"), with control bytes written as \n, \r, \t or \xNN so
-// that it stays on one line: a request must not be able to write a line of
-// its own into the server's one-line-per-request log.
-inline std::string PrintableText(std::string_view text, size_t max_bytes) {
-  size_t cut = text.size();
-  if (cut > max_bytes) {
-    cut = max_bytes;
-    while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-  }
+// How many bytes of `text` fit in `max_bytes` without splitting a UTF-8
+// character.
+inline size_t Utf8Cut(std::string_view text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return text.size();
+  size_t cut = max_bytes;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return cut;
+}
+
+// `text` with control bytes written as \n, \r, \t or \xNN, so that it stays on
+// one line: a request must not be able to write a line of its own into the
+// server's one-line-per-request log.
+inline std::string EscapeControlBytes(std::string_view text) {
   std::string out;
-  out.reserve(cut + 24);
-  for (size_t i = 0; i < cut; ++i) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
+  out.reserve(text.size());
+  for (const char ch : text) {
+    const unsigned char c = static_cast<unsigned char>(ch);
     if (c == '\n') {
       out += "\\n";
     } else if (c == '\r') {
@@ -34,24 +37,32 @@ inline std::string PrintableText(std::string_view text, size_t max_bytes) {
       std::snprintf(hex, sizeof(hex), "\\x%02x", c);
       out += hex;
     } else {
-      out += static_cast<char>(c);
+      out += ch;
     }
   }
+  return out;
+}
+
+// `text` escaped and cut to at most `max_bytes` of its bytes, then
+// "... (N bytes)" when cut.
+inline std::string PrintableText(std::string_view text, size_t max_bytes) {
+  const size_t cut = Utf8Cut(text, max_bytes);
+  std::string out = EscapeControlBytes(text.substr(0, cut));
   if (cut < text.size()) out += "... (" + std::to_string(text.size()) + " bytes)";
   return out;
 }
 
-// A value the client sent, quoted for an error message: PrintableText cut to
-// 64 bytes. gRPC carries a status message in the response's metadata, which
-// clients refuse past their 8-16 KiB limit ("received initial metadata size
-// exceeds limit"): a long value echoed whole replaced the error that names the
-// field with one that names nothing, and broke the client's channel for its
-// next call.
+// A value the client sent, quoted for an error message: escaped and cut to
+// `max_bytes`, then "...' (N bytes)" when cut. gRPC carries a status message
+// in the response's metadata, which clients refuse past their 8-16 KiB limit
+// ("received initial metadata size exceeds limit"): a long value echoed whole
+// replaced the error that names the field with one that names nothing, and
+// broke the client's channel for its next call.
 inline std::string QuotedValue(std::string_view value, size_t max_bytes = 64) {
-  if (value.size() <= max_bytes) return "'" + PrintableText(value, max_bytes) + "'";
-  std::string s = PrintableText(value, max_bytes);
-  const size_t tail = s.rfind("... (");
-  return "'" + s.substr(0, tail) + "...'" + s.substr(tail + 3);
+  const size_t cut = Utf8Cut(value, max_bytes);
+  const std::string shown = "'" + EscapeControlBytes(value.substr(0, cut));
+  if (cut == value.size()) return shown + "'";
+  return shown + "...' (" + std::to_string(value.size()) + " bytes)";
 }
 
 }  // namespace infoflow::server
