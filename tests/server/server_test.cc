@@ -610,19 +610,22 @@ TEST(ServerOptionsTest, FlagsAndConfigFile) {
   fs::remove_all(dir);
 }
 
+// ParseServerFlags on `args` after the program name.
+absl::StatusOr<ServerOptions> ParseFlags(std::vector<std::string> args) {
+  args.insert(args.begin(), "infoflow-server");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  bool help = false;
+  return ParseServerFlags(static_cast<int>(argv.size()), argv.data(), &help);
+}
+
 TEST(ServerOptionsTest, SharedTierFlags) {
-  auto parse = [](std::vector<std::string> args) {
-    args.insert(args.begin(), "infoflow-server");
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    bool help = false;
-    return ParseServerFlags(static_cast<int>(argv.size()), argv.data(), &help);
-  };
-  auto off = parse({});
+  auto off = ParseFlags({});
   ASSERT_TRUE(off.ok());
   EXPECT_EQ(off->remote_redis, "") << "the shared tier is off by default";
-  auto on = parse({"--remote-redis", "r1:7000,r2:7001", "--remote-key-prefix=kv:",
-                   "--remote-timeout-ms=50", "--remote-ttl-s=3600"});
+  auto on =
+      ParseFlags({"--remote-redis", "r1:7000,r2:7001",
+                  "--remote-key-prefix=kv:", "--remote-timeout-ms=50", "--remote-ttl-s=3600"});
   ASSERT_TRUE(on.ok()) << on.status();
   EXPECT_EQ(on->remote_redis, "r1:7000,r2:7001");
   EXPECT_EQ(on->remote_key_prefix, "kv:");
@@ -630,9 +633,9 @@ TEST(ServerOptionsTest, SharedTierFlags) {
   EXPECT_EQ(on->remote_ttl_s, 3600);
   EXPECT_EQ(off->remote_fill_queue_bytes, uint64_t{256} << 20);
   EXPECT_EQ(off->remote_drain_timeout_ms, 5000);
-  auto queues = parse({"--remote-fill-queue-bytes=1", "--remote-write-queue-bytes=2",
-                       "--remote-write-attempts=3", "--remote-write-give-up-s=4",
-                       "--remote-drain-timeout-ms=0"});
+  auto queues = ParseFlags({"--remote-fill-queue-bytes=1", "--remote-write-queue-bytes=2",
+                            "--remote-write-attempts=3", "--remote-write-give-up-s=4",
+                            "--remote-drain-timeout-ms=0"});
   ASSERT_TRUE(queues.ok()) << queues.status();
   EXPECT_EQ(queues->remote_fill_queue_bytes, 1u);
   EXPECT_EQ(queues->remote_write_queue_bytes, 2u);
@@ -644,7 +647,7 @@ TEST(ServerOptionsTest, SharedTierFlags) {
            {"--remote-timeout-ms", "0"}, {"--remote-ttl-s", "-1"},
            {"--remote-write-attempts", "0"}, {"--remote-fill-queue-bytes", "x"},
            {"--remote-key-prefix", std::string(300, 'p')}}) {
-    auto bad = parse({flag, value});
+    auto bad = ParseFlags({flag, value});
     ASSERT_FALSE(bad.ok()) << flag << " " << value;
     EXPECT_NE(bad.status().message().find(flag), std::string::npos) << bad.status();
   }
@@ -661,22 +664,15 @@ TEST(QuotedValueTest, CutsLongValuesAndKeepsThemOnOneLine) {
 }
 
 TEST(ServerOptionsTest, ListenerFlagsAreBounded) {
-  auto parse = [](std::vector<std::string> args) {
-    args.insert(args.begin(), "infoflow-server");
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    bool help = false;
-    return ParseServerFlags(static_cast<int>(argv.size()), argv.data(), &help);
-  };
-  auto def = parse({});
+  auto def = ParseFlags({});
   ASSERT_TRUE(def.ok());
   EXPECT_EQ(def->http_max_connections, 512);
   EXPECT_EQ(def->http_request_timeout_ms, 30000);
   EXPECT_EQ(def->grpc_max_threads, 512);
   EXPECT_EQ(def->grpc_stream_idle_ms, 60000);
-  auto set = parse({"--http-max-connections=8", "--http-request-timeout-ms=3600000",
-                    "--http-max-body-bytes=1073741824", "--grpc-max-threads=8",
-                    "--grpc-stream-idle-ms=0"});
+  auto set = ParseFlags({"--http-max-connections=8", "--http-request-timeout-ms=3600000",
+                         "--http-max-body-bytes=1073741824", "--grpc-max-threads=8",
+                         "--grpc-stream-idle-ms=0"});
   ASSERT_TRUE(set.ok()) << set.status();
   EXPECT_EQ(set->http_max_connections, 8);
   EXPECT_EQ(set->http_request_timeout_ms, 3600000);
@@ -695,7 +691,7 @@ TEST(ServerOptionsTest, ListenerFlagsAreBounded) {
            {"--grpc-max-threads", "65537"},
            {"--grpc-stream-idle-ms", "-1"},
            {"--grpc-stream-idle-ms", "86400001"}}) {
-    auto bad = parse({flag, value});
+    auto bad = ParseFlags({flag, value});
     ASSERT_FALSE(bad.ok()) << flag << " " << value;
     EXPECT_NE(bad.status().message().find(flag), std::string::npos) << bad.status();
   }
