@@ -398,7 +398,8 @@ grpc::Status IngestService::IngestStream(
   }
   const bool reaped = watch && watch->reaped();
   if (reaped) {
-    s = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+    // The client sees CANCELLED (TryCancel); the log says why.
+    s = grpc::Status(grpc::StatusCode::CANCELLED,
                      absl::StrCat("nothing sent for ", d_->options->grpc_stream_idle_ms,
                                   " ms (--grpc-stream-idle-ms)"));
   }
@@ -563,8 +564,8 @@ grpc::Status QueryService::Query(grpc::ServerContext* ctx, const v1::QueryReques
       write(msg);
     }
     if (watch && watch->reaped()) {
-      s = grpc::Status(
-          grpc::StatusCode::DEADLINE_EXCEEDED,
+      s = grpc::Status(  // as the client sees it (TryCancel)
+          grpc::StatusCode::CANCELLED,
           absl::StrCat("the client read nothing for ", d_->options->grpc_stream_idle_ms,
                        " ms (--grpc-stream-idle-ms)"));
     }
