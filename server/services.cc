@@ -158,7 +158,8 @@ bool DeadlinePassed(const grpc::ServerContext* ctx) {
 // Translates and validates a QueryRequest; messages name the field.
 grpc::Status ToSpec(const ServiceDeps& d, const v1::QueryRequest& req, QuerySpec* spec) {
   const ServerOptions& o = *d.options;
-  if (req.chunks_size() == 0) return Invalid("chunks: at least one chunk is required");
+  // No chunks is a plain prompt: prefix + question, prefilled whole by any
+  // method (nothing to reuse).
   if (req.chunks_size() > o.max_chunks) {
     return Invalid(absl::StrCat("chunks: ", req.chunks_size(), " chunks, limit is ", o.max_chunks,
                                 " (--max-chunks)"));

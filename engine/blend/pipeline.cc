@@ -68,7 +68,6 @@ namespace {
 
 absl::Status Validate(const Model& model, const QueryInput& input, const MethodOptions& options) {
   if (absl::Status s = ValidateMethodOptions(model, options); !s.ok()) return s;
-  if (input.chunks.empty()) return absl::InvalidArgumentError("chunks: need at least one chunk");
   if (input.prompt_ids.empty()) return absl::InvalidArgumentError("prompt: no tokens");
   for (size_t i = 0; i < input.chunks.size(); ++i) {
     const ChunkKv* ch = input.chunks[i].get();
@@ -133,7 +132,7 @@ absl::StatusOr<BlendedContext> BuildContext(const Model& model, const QueryInput
     Stopwatch sw;
     std::vector<int32_t> ids = input.prefix_ids;
     for (const auto& c : input.chunks) ids.insert(ids.end(), c->token_ids.begin(), c->token_ids.end());
-    PrefillTokens(model, ids, 0, &ctx.cache, no_logits);
+    if (!ids.empty()) PrefillTokens(model, ids, 0, &ctx.cache, no_logits);
     plan.selected.resize(n_ctx);
     std::iota(plan.selected.begin(), plan.selected.end(), 0);
     t.recompute_ms = sw.Ms();
@@ -149,6 +148,11 @@ absl::StatusOr<BlendedContext> BuildContext(const Model& model, const QueryInput
     } else {
       PrefillTokens(model, input.prefix_ids, 0, &ctx.cache, no_logits);
     }
+  }
+  if (input.chunks.empty()) {
+    // A plain prompt: no context to place, score or recompute.
+    t.reposition_ms = sw.Ms();
+    return ctx;
   }
   std::vector<int32_t> slot_ids = input.prefix_ids;
   std::vector<int32_t> ctx_ids =

@@ -42,7 +42,8 @@ struct QueryInput {
   // then prefilled fresh, so it stays exact) and by Method::kFull.
   std::shared_ptr<const ChunkKv> prefix_kv;
   // The stored chunks, in request order. Each was prefilled alone after
-  // `chunk_prefix_mode`.
+  // `chunk_prefix_mode`. May be empty: a plain prompt, prefix + prompt with
+  // no context, which every method serves exactly (nothing to reuse).
   std::vector<std::shared_ptr<const ChunkKv>> chunks;
   PrefixMode chunk_prefix_mode = PrefixMode::kBos;
   // The raw question, used for scoring (not the instruction template).
@@ -86,8 +87,10 @@ absl::Status ValidateMethodOptions(const Model& model, const MethodOptions& opti
 absl::Status CheckKvShape(const Model& model, const ChunkKv& kv, const std::string& what);
 
 // Builds the merged context by `options.method`. InvalidArgument for ratio
-// outside [0, 1], bad scoring layers, empty chunks, or chunks whose K/V
-// shapes do not fit the model.
+// outside [0, 1], bad scoring layers, an empty prompt, or a chunk that is
+// empty or whose K/V shapes do not fit the model. With no chunks the context
+// is the prefix alone, built as FULL builds it (a fresh prefill) or as the
+// reusing methods place it (a stored prefix record), exact either way.
 absl::StatusOr<BlendedContext> BuildContext(const Model& model, const QueryInput& input,
                                             const MethodOptions& options);
 

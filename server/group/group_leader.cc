@@ -209,6 +209,9 @@ void GroupLeader::Monitor() {
 
 absl::StatusOr<QueryOutcome> GroupLeader::RunQuery(const QueryRunner& runner, const QuerySpec& spec,
                                                    const TokenSink& sink) {
+  // A plain prompt has no context to split over the ranks: this rank serves
+  // it alone, as one process would.
+  if (spec.chunks.empty()) return runner.Run(spec, sink);
   const Clock::time_point start = Clock::now();
   if (!ShardedMethodSupported(spec.method)) {
     return absl::InvalidArgumentError(

@@ -8,17 +8,11 @@ namespace {
 
 // Pieces -> prefix / chunks / question, the checks of SplitCompletionPrompt.
 absl::StatusOr<BlendPrompt> FromPieces(const std::vector<std::string_view>& pieces,
-                                       std::string_view separator, bool need_chunks,
+                                       std::string_view separator, bool chunks_listed,
                                        const char* field) {
   BlendPrompt p;
   const std::string sep(separator);  // absl::StrCat takes absl::string_view
-  if (need_chunks && pieces.size() < 3) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": no context chunks; write the prompt as \"prefix", sep, "chunk 1", sep, "...", sep,
-        "question\" (separator '", sep,
-        "', --blend-separator) or list them in infoflow.chunks"));
-  }
-  if (!need_chunks && pieces.size() > 2) {
+  if (chunks_listed && pieces.size() > 2) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, ": with infoflow.chunks the prompt is \"question\" or \"prefix", sep,
         "question\", but it has ", pieces.size() - 1, " separators"));
@@ -136,13 +130,13 @@ ChatFormat DetectChatFormat(std::string_view tokenizer_config_json, std::string_
 }
 
 absl::StatusOr<BlendPrompt> SplitCompletionPrompt(std::string_view prompt,
-                                                  std::string_view separator, bool need_chunks) {
-  return FromPieces(SplitOnSeparator(prompt, separator), separator, need_chunks, "prompt");
+                                                  std::string_view separator, bool chunks_listed) {
+  return FromPieces(SplitOnSeparator(prompt, separator), separator, chunks_listed, "prompt");
 }
 
 absl::StatusOr<BlendPrompt> RenderChat(const std::vector<ChatMessage>& messages,
                                        const ChatFormat& format, std::string_view separator,
-                                       bool need_chunks) {
+                                       bool chunks_listed) {
   if (messages.empty()) return absl::InvalidArgumentError("messages: at least one message");
   if (messages.back().role != "user") {
     return absl::InvalidArgumentError("messages: the last message must have role 'user'");
@@ -168,7 +162,7 @@ absl::StatusOr<BlendPrompt> RenderChat(const std::vector<ChatMessage>& messages,
       return absl::InvalidArgumentError(absl::StrCat("messages: ", framed.status().message()));
     }
     absl::StatusOr<BlendPrompt> p = FromPieces(SplitOnSeparator(framed->content, separator),
-                                               separator, need_chunks, "messages");
+                                               separator, chunks_listed, "messages");
     if (!p.ok()) return p.status();
     p->prefix = framed->head + p->prefix;
     p->prompt_template = absl::StrCat("{question}", framed->tail);
@@ -202,7 +196,7 @@ absl::StatusOr<BlendPrompt> RenderChat(const std::vector<ChatMessage>& messages,
     }
   }
   absl::StatusOr<BlendPrompt> p = FromPieces(SplitOnSeparator(messages.back().content, separator),
-                                             separator, need_chunks, "messages");
+                                             separator, chunks_listed, "messages");
   if (!p.ok()) return p.status();
   p->prefix = head + p->prefix;
   p->prompt_template = absl::StrCat("{question}", format.answer_open);

@@ -78,11 +78,13 @@ struct BlendPrompt {
 };
 
 // Splits a completion prompt: first piece prefix, middle pieces chunks, last
-// piece question. With `need_chunks` false (the request lists its chunks
-// itself) the prompt is "question" or "prefix # # question" and may not
-// contain more pieces. InvalidArgument naming `prompt`.
+// piece question. A prompt without a separator is the question alone and one
+// separator splits prefix from question: no chunks, a plain prompt that the
+// query prefills whole. With `chunks_listed` (the request lists its chunks
+// in infoflow.chunks) the prompt may not contain more pieces than that.
+// InvalidArgument naming `prompt` (also for an empty chunk or question).
 absl::StatusOr<BlendPrompt> SplitCompletionPrompt(std::string_view prompt,
-                                                  std::string_view separator, bool need_chunks);
+                                                  std::string_view separator, bool chunks_listed);
 
 // Renders a conversation: every message before the last, and the last
 // (user) message's header, go into the prefix ahead of the first piece of
@@ -93,7 +95,7 @@ absl::StatusOr<BlendPrompt> SplitCompletionPrompt(std::string_view prompt,
 // SplitCompletionPrompt).
 absl::StatusOr<BlendPrompt> RenderChat(const std::vector<ChatMessage>& messages,
                                        const ChatFormat& format, std::string_view separator,
-                                       bool need_chunks);
+                                       bool chunks_listed);
 
 }  // namespace infoflow::server::http
 

@@ -346,12 +346,12 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, Endpoint
     if (!p->is_string()) {
       return Bad("prompt", "expected a string (token-id prompts and batches are not supported)");
     }
-    prompt = SplitCompletionPrompt(p->get_ref<const std::string&>(), ctx.separator, !has_chunks);
+    prompt = SplitCompletionPrompt(p->get_ref<const std::string&>(), ctx.separator, has_chunks);
   } else {
     if (Field(doc, "prompt")) return Bad("prompt", "use POST /v1/completions for a prompt");
     std::vector<ChatMessage> messages;
     if (absl::Status s = ParseMessages(doc, &messages); !s.ok()) return s;
-    prompt = RenderChat(messages, ctx.chat_format, ctx.separator, !has_chunks);
+    prompt = RenderChat(messages, ctx.chat_format, ctx.separator, has_chunks);
   }
   if (!prompt.ok()) return prompt.status();
   q.set_prefix(prompt->prefix);

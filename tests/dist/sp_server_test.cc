@@ -175,6 +175,15 @@ void ExpectSameAnswers(ServerProcess& reference, Group& group, int world, uint32
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->ids, by_text->ids);
   EXPECT_EQ(got->report.chunk_hits(), 6);
+  // A plain prompt (no chunks) has nothing to split: rank 0 answers it alone,
+  // as one server does (the other ranks' query counts below exclude it).
+  const v1::QueryRequest plain = Request({}, v1::METHOD_INFOFLOW, 0.15);
+  absl::StatusOr<Answer> plain_want = Ask(reference, plain);
+  ASSERT_TRUE(plain_want.ok()) << plain_want.status();
+  absl::StatusOr<Answer> plain_got = Ask(group.rank(0), plain);
+  ASSERT_TRUE(plain_got.ok()) << plain_got.status();
+  EXPECT_EQ(plain_got->ids, plain_want->ids);
+  EXPECT_EQ(plain_got->report.context_tokens(), 0);
   // Each other rank received its chunks from rank 0 exactly once (first
   // query) and served them from its own store afterwards.
   for (int r = 1; r < world; ++r) {

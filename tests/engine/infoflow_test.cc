@@ -426,6 +426,51 @@ TEST_P(InfoFlowTest, StoredBosEqualsFreshBosBitForBit) {
   }
 }
 
+// A query with no chunks is a plain prompt (the HTTP API's prompt without a
+// separator): every method gives the logits of one forward pass over prefix +
+// prompt on an empty cache, whether the prefix is [BOS] prefilled fresh, a
+// stored [BOS], a text prefix, or nothing at all.
+TEST_P(InfoFlowTest, NoChunksIsThePromptPrefilledWhole) {
+  QueryInput bos = MakeInput({}, 8);
+  QueryInput stored = bos;
+  auto bos_kv = PrefillChunk(*model_, {bos_}, PrefixMode::kNone);
+  ASSERT_TRUE(bos_kv.ok()) << bos_kv.status();
+  stored.prefix_kv = std::make_shared<ChunkKv>(*std::move(bos_kv));
+  QueryInput text = bos;
+  text.prefix_ids = Ids(9, 888, vocab_);
+  text.prefix_ids.insert(text.prefix_ids.begin(), bos_);
+  QueryInput bare = bos;
+  bare.prefix_ids.clear();
+  bare.chunk_prefix_mode = PrefixMode::kNone;
+  for (const QueryInput* in : {&bos, &stored, &text, &bare}) {
+    std::vector<int32_t> ids = in->prefix_ids;
+    ids.insert(ids.end(), in->prompt_ids.begin(), in->prompt_ids.end());
+    KvCache cache(model_->n_layers());
+    ForwardOptions all;
+    all.logits = ForwardOptions::Logits::kAll;
+    const int64_t n_prompt = static_cast<int64_t>(in->prompt_ids.size());
+    const at::Tensor ref = PrefillTokens(*model_, ids, 0, &cache, all)
+                               .logits.narrow(0, ids.size() - n_prompt, n_prompt);
+    for (Method m :
+         {Method::kFull, Method::kNone, Method::kInfoFlow, Method::kInfoFlowBlend,
+          Method::kCacheBlend, Method::kCacheBlendPartial, Method::kEpic, Method::kRandom}) {
+      MethodOptions o;
+      o.method = m;
+      o.ratio = 0.5;
+      RecomputePlan plan;
+      const at::Tensor got = PromptLogits(*in, o, &plan);
+      EXPECT_LE(MaxAbsDiff(got, ref), 1e-4)
+          << MethodName(m) << " with a prefix of " << in->prefix_ids.size() << " tokens";
+      EXPECT_EQ(plan.context_tokens, 0);
+      EXPECT_TRUE(plan.selected.empty() && plan.chunk_order.empty()) << MethodName(m);
+    }
+  }
+  // With no prefix the prompt starts at position 0 on an empty cache.
+  absl::StatusOr<BlendedContext> ctx = BuildContext(*model_, bare, MethodOptions{});
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  EXPECT_EQ(ctx->next_position, 0);
+}
+
 // glm4-bos: GLM-4's architecture (partial interleaved RoPE, QKV bias, sandwich
 // norms) with <sop> as a BOS token, so every BOS-prefixed invariant above runs
 // on it too.

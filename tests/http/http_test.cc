@@ -50,7 +50,7 @@ TEST(BlendPrompt, SplitsOnTheSeparator) {
             (std::vector<std::string_view>{"", "b", ""}));
   EXPECT_EQ(SplitOnSeparator("no separator", " # # "),
             (std::vector<std::string_view>{"no separator"}));
-  absl::StatusOr<BlendPrompt> p = SplitCompletionPrompt("sys # # c1 # # c2 # # q?", " # # ", true);
+  absl::StatusOr<BlendPrompt> p = SplitCompletionPrompt("sys # # c1 # # c2 # # q?", " # # ", false);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->prefix, "sys");
   EXPECT_EQ(p->chunks, (std::vector<std::string>{"c1", "c2"}));
@@ -58,16 +58,27 @@ TEST(BlendPrompt, SplitsOnTheSeparator) {
   EXPECT_EQ(p->prompt_template, "{question}");
 }
 
-TEST(BlendPrompt, RefusesPromptsWithoutChunksOrQuestion) {
-  for (const char* prompt : {"just a question", "prefix # # question", "p # # c # # ",
-                             "p #  # c # # q", "p # #  # # q"}) {
-    absl::StatusOr<BlendPrompt> p = SplitCompletionPrompt(prompt, " # # ", true);
+TEST(BlendPrompt, APromptWithoutChunksIsPlainAndEmptyPiecesAreRefused) {
+  // No separator: the question alone. One: prefix and question. Neither has
+  // chunks; the query prefills them whole.
+  absl::StatusOr<BlendPrompt> plain = SplitCompletionPrompt("just a question", " # # ", false);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->prefix, "");
+  EXPECT_TRUE(plain->chunks.empty());
+  EXPECT_EQ(plain->question, "just a question");
+  absl::StatusOr<BlendPrompt> two = SplitCompletionPrompt("prefix # # question", " # # ", false);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->prefix, "prefix");
+  EXPECT_TRUE(two->chunks.empty());
+  EXPECT_EQ(two->question, "question");
+  for (const char* prompt : {"", "p # # c # # ", "p # #  # # q", "p # # "}) {
+    absl::StatusOr<BlendPrompt> p = SplitCompletionPrompt(prompt, " # # ", false);
     EXPECT_TRUE(absl::IsInvalidArgument(p.status())) << prompt;
   }
   // The request lists its chunks: the prompt is "question" or "prefix # # question".
-  EXPECT_TRUE(SplitCompletionPrompt("q", " # # ", false).ok());
-  EXPECT_EQ(SplitCompletionPrompt("p # # q", " # # ", false)->prefix, "p");
-  EXPECT_FALSE(SplitCompletionPrompt("p # # c # # q", " # # ", false).ok());
+  EXPECT_TRUE(SplitCompletionPrompt("q", " # # ", true).ok());
+  EXPECT_EQ(SplitCompletionPrompt("p # # q", " # # ", true)->prefix, "p");
+  EXPECT_FALSE(SplitCompletionPrompt("p # # c # # q", " # # ", true).ok());
 }
 
 // The chat formats render exactly the markup of the CLI's --chat presets
@@ -79,7 +90,7 @@ TEST(BlendPrompt, ChatFormatsMatchTheClientPresets) {
     absl::StatusOr<ChatFormat> f = FindChatFormat(name);
     ASSERT_TRUE(f.ok());
     absl::StatusOr<BlendPrompt> p = RenderChat(
-        {{"system", system}, {"user", " # # chunk one # # What is it?"}}, *f, " # # ", true);
+        {{"system", system}, {"user", " # # chunk one # # What is it?"}}, *f, " # # ", false);
     ASSERT_TRUE(p.ok()) << p.status();
     const std::optional<cli::ChatPreset> preset = cli::FindChatPreset(name, system);
     ASSERT_TRUE(preset.has_value());
@@ -94,17 +105,17 @@ TEST(BlendPrompt, ChatFormatsMatchTheClientPresets) {
 TEST(BlendPrompt, ChatHistoryGoesIntoThePrefix) {
   absl::StatusOr<BlendPrompt> p =
       RenderChat({{"system", "S"}, {"user", "u1"}, {"assistant", "a1"}, {"user", "h # # c # # q"}},
-                 *FindChatFormat("qwen"), " # # ", true);
+                 *FindChatFormat("qwen"), " # # ", false);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->prefix,
             "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nu1<|im_end|>\n"
             "<|im_start|>assistant\na1<|im_end|>\n<|im_start|>user\nh");
   EXPECT_FALSE(RenderChat({{"user", "h # # c # # q"}, {"assistant", "a"}}, *FindChatFormat("qwen"),
-                          " # # ", true)
+                          " # # ", false)
                    .ok());
-  EXPECT_FALSE(
-      RenderChat({{"tool", "x"}, {"user", "h # # c # # q"}}, *FindChatFormat("qwen"), " # # ", true)
-          .ok());
+  EXPECT_FALSE(RenderChat({{"tool", "x"}, {"user", "h # # c # # q"}}, *FindChatFormat("qwen"),
+                          " # # ", false)
+                   .ok());
 }
 
 std::shared_ptr<const ModelChatTemplate> RealTemplate(const std::string& file,
@@ -141,9 +152,9 @@ TEST(BlendPrompt, ModelTemplatesSplitAsTheNamedFormats) {
     EXPECT_EQ(t.name, "template");
     for (size_t i = 0; i < conversations.size(); ++i) {
       SCOPED_TRACE(std::string(c.file) + " conversation " + std::to_string(i));
-      absl::StatusOr<BlendPrompt> got = RenderChat(conversations[i], t, " # # ", true);
+      absl::StatusOr<BlendPrompt> got = RenderChat(conversations[i], t, " # # ", false);
       absl::StatusOr<BlendPrompt> want =
-          RenderChat(conversations[i], *FindChatFormat(c.format), " # # ", true);
+          RenderChat(conversations[i], *FindChatFormat(c.format), " # # ", false);
       ASSERT_TRUE(got.ok()) << got.status();
       ASSERT_TRUE(want.ok()) << want.status();
       EXPECT_EQ(got->prefix, want->prefix);
@@ -154,9 +165,9 @@ TEST(BlendPrompt, ModelTemplatesSplitAsTheNamedFormats) {
   }
   // GLM-4.6 (zai-org's template): [gMASK]<sop> from the template, once; the
   // generation prompt ends at <|assistant|>.
-  absl::StatusOr<BlendPrompt> glm = RenderChat({{"user", "h # # c # # q"}},
-                                               TemplateChatFormat(RealTemplate("glm4_6.jinja")),
-                                               " # # ", true);
+  absl::StatusOr<BlendPrompt> glm =
+      RenderChat({{"user", "h # # c # # q"}}, TemplateChatFormat(RealTemplate("glm4_6.jinja")),
+                 " # # ", false);
   ASSERT_TRUE(glm.ok()) << glm.status();
   EXPECT_EQ(glm->prefix, "[gMASK]<sop><|user|>\nh");
   EXPECT_EQ(glm->chunks, (std::vector<std::string>{"c"}));
@@ -166,16 +177,22 @@ TEST(BlendPrompt, ModelTemplatesSplitAsTheNamedFormats) {
 TEST(BlendPrompt, ModelTemplateErrorsNameMessages) {
   const ChatFormat gemma = TemplateChatFormat(RealTemplate("gemma3.jinja", "<bos>"));
   absl::StatusOr<BlendPrompt> p =
-      RenderChat({{"user", "a"}, {"user", "h # # c # # q"}}, gemma, " # # ", true);
+      RenderChat({{"user", "a"}, {"user", "h # # c # # q"}}, gemma, " # # ", false);
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(p.status().message().find("messages: chat template "), std::string::npos) << p.status();
   EXPECT_NE(p.status().message().find("raised: Conversation roles must alternate"),
             std::string::npos);
   // The blend convention's own checks still apply.
-  EXPECT_FALSE(RenderChat({{"user", "no chunks here"}}, gemma, " # # ", true).ok());
+  EXPECT_FALSE(RenderChat({{"user", "h # #  # # q"}}, gemma, " # # ", false).ok());
+  // A message without chunks is a plain chat turn: the whole content is the question.
+  absl::StatusOr<BlendPrompt> plain =
+      RenderChat({{"user", "no chunks here"}}, gemma, " # # ", false);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(plain->chunks.empty());
+  EXPECT_EQ(plain->question, "no chunks here");
   EXPECT_FALSE(
-      RenderChat({{"user", "h # # c # # q"}, {"system", "late"}}, gemma, " # # ", true).ok());
+      RenderChat({{"user", "h # # c # # q"}, {"system", "late"}}, gemma, " # # ", false).ok());
 }
 
 TEST(BlendPrompt, DetectsTheChatFormat) {
@@ -249,7 +266,7 @@ TEST(OpenAiRequest, RefusesBadBodiesNamingTheField) {
       {R"({"model": "other", "prompt": "P # # C # # Q"})", absl::StatusCode::kNotFound, "model"},
       {R"({"model": "m", "prompt": 5})", absl::StatusCode::kInvalidArgument, "prompt"},
       {R"({"model": "m", "prompt": [1, 2, 3]})", absl::StatusCode::kInvalidArgument, "prompt"},
-      {R"({"model": "m", "prompt": "no chunks"})", absl::StatusCode::kInvalidArgument, "prompt"},
+      {R"({"model": "m", "prompt": "P # # C # # "})", absl::StatusCode::kInvalidArgument, "prompt"},
       {R"({"model": "m", "prompt": "P # # C # # Q", "temperature": "hot"})",
        absl::StatusCode::kInvalidArgument, "temperature"},
       {R"({"model": "m", "prompt": "P # # C # # Q", "temperature": 3})",
@@ -260,8 +277,8 @@ TEST(OpenAiRequest, RefusesBadBodiesNamingTheField) {
        absl::StatusCode::kInvalidArgument, "max_tokens"},
       {R"({"model": "m", "prompt": "P # # C # # Q", "max_tokens": 1.5})",
        absl::StatusCode::kInvalidArgument, "max_tokens"},
-      {R"({"model": "m", "prompt": "P # # C # # Q", "n": 2})",
-       absl::StatusCode::kInvalidArgument, "n"},
+      {R"({"model": "m", "prompt": "P # # C # # Q", "n": 2})", absl::StatusCode::kInvalidArgument,
+       "n"},
       {R"({"model": "m", "prompt": "P # # C # # Q", "stream": "yes"})",
        absl::StatusCode::kInvalidArgument, "stream"},
       {R"({"model": "m", "prompt": "P # # C # # Q", "stream_options": {"include_usage": true}})",

@@ -31,11 +31,12 @@ async function check(name, fn) {
   }
 }
 
-function grpcAnswer() {
-  const args = ['query', '--server', GRPC_ADDR, '--token-file', TOKEN_FILE, '--prefix', prefix,
-                '--template', '{question}', '--question', question, '--temperature', '0',
-                '--max-new-tokens', String(MAX_TOKENS)];
-  for (const c of chunks) args.push('--chunk-text', c);
+function grpcAnswer(withChunks = chunks, withPrefix = prefix) {
+  const args = ['query', '--server', GRPC_ADDR, '--token-file', TOKEN_FILE, '--template',
+                '{question}', '--question', question, '--temperature', '0', '--max-new-tokens',
+                String(MAX_TOKENS)];
+  if (withPrefix !== '') args.push('--prefix', withPrefix);
+  for (const c of withChunks) args.push('--chunk-text', c);
   const out = execFileSync(CLI, args, { encoding: 'utf8' });
   assert.ok(out.endsWith('\n'), 'the CLI ends its answer with a newline');
   return out.slice(0, -1);
@@ -120,6 +121,22 @@ await check('chat completions, non-streaming and streaming', async () => {
   assert.equal(role, 'assistant');
   assert.equal(text, grpcText);
   checkUsage(usage);
+});
+
+// A prompt without chunks is served as a plain prompt, as any OpenAI
+// endpoint serves it: prefix + question prefilled whole.
+await check('a prompt without chunks is a plain prompt (the gRPC Query with none)', async () => {
+  const r = await client.completions.create({ ...base, prompt: prefix + SEP + question,
+                                              infoflow: { report: true } });
+  assert.equal(r.choices[0].text, grpcAnswer([], prefix));
+  assert.equal(r.infoflow.context_tokens, 0);
+  checkUsage(r.usage);
+  const bare = await client.completions.create({ ...base, prompt: question });
+  assert.equal(bare.choices[0].text, grpcAnswer([], ''));
+  const chat = await client.chat.completions.create({
+    ...base, messages: [{ role: 'user', content: question }] });
+  assert.equal(chat.choices[0].message.content, grpcAnswer([], ''));
+  console.log(`     plain answer ${JSON.stringify(bare.choices[0].text)}`);
 });
 
 await check('GET /v1/models lists the served model', async () => {
