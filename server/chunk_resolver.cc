@@ -55,9 +55,7 @@ std::vector<int32_t> ChunkResolver::Tokenize(std::string_view text) const {
   return tokenizer_->Encode(text);
 }
 
-absl::StatusOr<std::vector<int32_t>> ChunkResolver::ChunkTokens(std::string_view text,
-                                                                const std::string& field,
-                                                                bool parse_special) const {
+absl::Status ChunkResolver::CheckedText(std::string_view text, const std::string& field) const {
   if (text.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": empty chunk text"));
   if (!IsValidUtf8(text)) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": text is not valid UTF-8"));
@@ -70,6 +68,13 @@ absl::StatusOr<std::vector<int32_t>> ChunkResolver::ChunkTokens(std::string_view
         " tokens can hold (--max-chunk-tokens ", max_chunk_tokens_, ", ", kMaxBytesPerToken,
         " bytes per token)"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int32_t>> ChunkResolver::ChunkTokens(std::string_view text,
+                                                                const std::string& field,
+                                                                bool parse_special) const {
+  if (absl::Status s = CheckedText(text, field); !s.ok()) return s;
   std::vector<int32_t> ids = tokenizer_->EncodePieces({{text, parse_special}});
   if (ids.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": chunk has no tokens"));
   if (static_cast<int64_t>(ids.size()) > max_chunk_tokens_) {

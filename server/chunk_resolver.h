@@ -83,9 +83,13 @@ class ChunkResolver {
   ChunkResolver(const Model* model, const Tokenizer* tokenizer, store::ChunkStore* store,
                 int64_t max_chunk_tokens, const KvCodec& codec = {});
 
-  // The checks ingest makes before any work: InvalidArgument (naming
-  // `field`) when the text is empty, not UTF-8, or too long (bytes, then
-  // tokens). Returns its token ids, so a batch can be checked whole before
+  // The checks of CheckedTokens that need no tokenizer: InvalidArgument
+  // (naming `field`) when the text is empty, not UTF-8, or longer in bytes
+  // than max_chunk_tokens can hold.
+  absl::Status CheckedText(std::string_view text, const std::string& field) const;
+
+  // The checks ingest makes before any work: CheckedText's, then too many
+  // tokens. Returns its token ids, so a batch can be checked whole before
   // anything is stored and each text is tokenized once.
   // `parse_special`: see ChunkRef.
   absl::StatusOr<std::vector<int32_t>> CheckedTokens(std::string_view text,

@@ -128,6 +128,8 @@ struct Scheduler::Impl {
                             static_cast<int64_t>(c10::elementSize(model->dtype()));
   }
 
+  // Scheduler::CheckRoom with `mu` held.
+  absl::Status RoomLocked() const;
   absl::Status Enqueue(const std::shared_ptr<Request>& r);
   // Waits for `r` to finish, sinking its tokens; handles cancel.
   absl::Status Wait(const std::shared_ptr<Request>& r, const TokenSink* sink,
@@ -161,15 +163,20 @@ struct Scheduler::Impl {
   std::thread prefill_thread, loop_thread;
 };
 
+absl::Status Scheduler::Impl::RoomLocked() const {
+  if (stop_prefill) return absl::UnavailableError("server shutting down");
+  // Requests that will find a free running slot do not count as queued.
+  const int free_slots = std::max(0, options.max_running - running);
+  if (static_cast<int>(queue.size()) - free_slots >= options.queue_depth) {
+    return absl::ResourceExhaustedError("server busy: query queue is full (--queue-depth)");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Scheduler::Impl::Enqueue(const std::shared_ptr<Request>& r) {
   {
     std::lock_guard<std::mutex> l(mu);
-    if (stop_prefill) return absl::UnavailableError("server shutting down");
-    // Requests that will find a free running slot do not count as queued.
-    const int free_slots = std::max(0, options.max_running - running);
-    if (static_cast<int>(queue.size()) - free_slots >= options.queue_depth) {
-      return absl::ResourceExhaustedError("server busy: query queue is full (--queue-depth)");
-    }
+    if (absl::Status room = RoomLocked(); !room.ok()) return room;
     queue.push_back(r);
   }
   cv.notify_all();
@@ -493,6 +500,11 @@ absl::Status Scheduler::RunExclusiveInSteps(const std::function<absl::Status(boo
   r->step = &step;
   if (absl::Status s = impl_->Enqueue(r); !s.ok()) return s;
   return impl_->Wait(r, nullptr, cancelled);
+}
+
+absl::Status Scheduler::CheckRoom() const {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  return impl_->RoomLocked();
 }
 
 int Scheduler::waiting() const {

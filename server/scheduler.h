@@ -93,6 +93,12 @@ class Scheduler {
   absl::Status RunExclusiveInSteps(const std::function<absl::Status(bool* more)>& step,
                                    const std::function<bool()>& cancelled);
 
+  // What RunQuery or RunExclusive would answer now for want of room:
+  // RESOURCE_EXHAUSTED (queue full) or UNAVAILABLE (shutting down), else OK.
+  // Advisory: lets a caller refuse before costly preparation (tokenizing an
+  // ingest batch); the queue may still fill before it enqueues.
+  absl::Status CheckRoom() const;
+
   int waiting() const;  // requests in the queue
   int running() const;  // requests past the queue (prefilling or decoding)
   // No request runs or waits.

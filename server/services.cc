@@ -314,7 +314,17 @@ grpc::Status IngestService::DoIngest(grpc::ServerContext* ctx, const v1::IngestR
     return Invalid(absl::StrCat("chunks: ", req.chunks_size(), " chunks, limit is ",
                                 d_->options->max_chunks, " (--max-chunks)"));
   }
-  // The whole batch is checked (and tokenized, once) before anything is stored.
+  // The whole batch is checked (and tokenized, once) before anything is
+  // stored: first what needs no tokenizer, then room in the queue, so a full
+  // queue refuses a flood of large batches without tokenizing each.
+  for (int i = 0; i < req.chunks_size(); ++i) {
+    if (absl::Status s =
+            d_->resolver->CheckedText(req.chunks(i).text(), absl::StrCat("chunks[", i, "].text"));
+        !s.ok()) {
+      return ToGrpc(s);
+    }
+  }
+  if (absl::Status room = d_->scheduler->CheckRoom(); !room.ok()) return ToGrpc(room);
   std::vector<std::vector<int32_t>> ids(req.chunks_size());
   for (int i = 0; i < req.chunks_size(); ++i) {
     absl::StatusOr<std::vector<int32_t>> checked =

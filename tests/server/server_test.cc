@@ -1278,6 +1278,48 @@ TEST_F(ServerTest, BusyServerAnswersResourceExhausted) {
   EXPECT_TRUE(ok);
 }
 
+// A full queue refuses an ingest batch before its texts are tokenized (a
+// flood of large batches would otherwise cost that CPU each time), after the
+// checks that need no tokenizer, which still name the field.
+TEST_F(ServerTest, ABusyServerRefusesAnIngestBeforeTokenizingIt) {
+  h_.options.max_chunk_tokens = 64;
+  grpc::ClientContext ctx;
+  std::vector<std::string> keys;
+  auto reader = HoldTheOnlySlot(/*queue_depth=*/0, &ctx, &keys);
+  ASSERT_TRUE(reader != nullptr && !HasFailure());
+  // Over the token limit within the byte limit: only tokenizing finds that.
+  std::string many;
+  for (int i = 0; i < 200; ++i) many += "word" + std::to_string(i) + " ";
+  v1::IngestRequest over;
+  over.add_chunks()->set_text("A fine chunk about lighthouses.");
+  over.add_chunks()->set_text(many);
+  v1::IngestResponse resp;
+  grpc::ClientContext busy_ctx;
+  const grpc::Status busy = h_.ingest->Ingest(&busy_ctx, over, &resp);
+  v1::IngestRequest empty;
+  empty.add_chunks()->set_text("");
+  grpc::ClientContext bad_ctx;
+  const grpc::Status bad = h_.ingest->Ingest(&bad_ctx, empty, &resp);
+  ctx.TryCancel();
+  v1::QueryResponse msg;
+  while (reader->Read(&msg)) {
+  }
+  if (reader->Finish().ok()) GTEST_SKIP() << "long query ran all 3900 tokens before the ingest";
+  EXPECT_EQ(busy.error_code(), grpc::RESOURCE_EXHAUSTED) << busy.error_message();
+  EXPECT_EQ(bad.error_code(), grpc::INVALID_ARGUMENT) << bad.error_message();
+  EXPECT_NE(bad.error_message().find("chunks[0].text"), std::string::npos) << bad.error_message();
+  // With room again, the same batch gets what tokenizing finds.
+  grpc::Status again = grpc::Status(grpc::RESOURCE_EXHAUSTED, "");
+  for (int i = 0; i < 100 && again.error_code() == grpc::RESOURCE_EXHAUSTED; ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    grpc::ClientContext c;
+    again = h_.ingest->Ingest(&c, over, &resp);
+  }
+  EXPECT_EQ(again.error_code(), grpc::INVALID_ARGUMENT) << again.error_message();
+  EXPECT_NE(again.error_message().find("chunks[1].text: chunk has"), std::string::npos)
+      << again.error_message();
+}
+
 // Continuous batching computes what each request computes alone: 16
 // concurrent queries with different contexts, methods, lengths and stop
 // conditions get the same greedy ids, text and stop reason as their solo
