@@ -99,9 +99,15 @@ absl::Status RefuseUnsupported(const json& body) {
     return !v->empty();
   };
   for (const char* name : {"echo", "logprobs", "top_logprobs", "suffix", "logit_bias",
-                           "presence_penalty", "frequency_penalty", "tools", "functions",
-                           "tool_choice", "function_call"}) {
+                           "presence_penalty", "frequency_penalty", "tools", "functions"}) {
     if (set(name)) return Bad(name, "not supported by this server");
+  }
+  // "none" never calls a tool, and with no tools given "auto" cannot either:
+  // both are what this server does (clients send them by default).
+  for (const char* name : {"tool_choice", "function_call"}) {
+    const json* v = Field(body, name);
+    if (v == nullptr || (v->is_string() && (*v == "none" || *v == "auto"))) continue;
+    return Bad(name, "not supported by this server (only \"none\", or \"auto\" without tools)");
   }
   if (const json* b = Field(body, "best_of"); b && !(b->is_number_integer() && b->get<int64_t>() == 1)) {
     return Bad("best_of", "only 1 is supported");

@@ -289,6 +289,14 @@ TEST(OpenAiRequest, RefusesBadBodiesNamingTheField) {
        absl::StatusCode::kInvalidArgument, "logprobs"},
       {R"({"model": "m", "prompt": "P # # C # # Q", "seed": "x"})",
        absl::StatusCode::kInvalidArgument, "seed"},
+      {R"({"model": "m", "prompt": "Q", "tool_choice": "required"})",
+       absl::StatusCode::kInvalidArgument, "tool_choice"},
+      {R"({"model": "m", "prompt": "Q", "tool_choice": {"type": "function"}})",
+       absl::StatusCode::kInvalidArgument, "tool_choice"},
+      {R"({"model": "m", "prompt": "Q", "tools": [{"type": "function"}], "tool_choice": "auto"})",
+       absl::StatusCode::kInvalidArgument, "tools"},
+      {R"({"model": "m", "prompt": "Q", "function_call": {"name": "f"}})",
+       absl::StatusCode::kInvalidArgument, "function_call"},
       {R"({"model": "m", "prompt": "P # # C # # Q", "infoflow": {"method": "BEST"}})",
        absl::StatusCode::kInvalidArgument, "infoflow.method"},
       {R"({"model": "m", "prompt": "P # # C # # Q", "infoflow": {"ratio": 2}})",
@@ -310,6 +318,13 @@ TEST(OpenAiRequest, RefusesBadBodiesNamingTheField) {
       R"({"model": "m", "messages": [{"role": "user", "content": 3}]})",
       Endpoint::kChatCompletions, Ctx());
   EXPECT_EQ(ErrorFromStatus(chat.status()).param, "messages[0].content") << chat.status();
+  // Their off values, as clients send them by default, are accepted.
+  for (const char* off : {R"("tool_choice": "none")", R"("tool_choice": "auto", "tools": [])",
+                          R"("function_call": "none")", R"("function_call": "auto")"}) {
+    const std::string body = absl::StrCat(
+        R"({"model": "m", "messages": [{"role": "user", "content": "Q"}], )", off, "}");
+    EXPECT_TRUE(ParseOpenAiRequest(body, Endpoint::kChatCompletions, Ctx()).ok()) << body;
+  }
 }
 
 // A small in-process fuzz of the parser: byte flips, truncations and
