@@ -117,6 +117,8 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
   store::ChunkStoreOptions so;
   so.path = options.data_dir;
   so.ram_tier_bytes = options.ram_bytes;
+  so.capacity_bytes = options.store_capacity_bytes;
+  so.ttl_seconds = options.store_ttl_s;
   so.sync = options.store_sync;
   so.quarantine_if_damaged = options.on_corrupt_store == "quarantine";
   so.min_free_disk_bytes = options.min_free_disk_bytes;
@@ -178,6 +180,21 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
 
   absl::StatusOr<KvCodec> codec = ParseKvCodec(options.kv_codec, options.kv_group_size);
   if (!codec.ok()) return codec.status();
+  if (options.store_capacity_bytes > 0) {
+    // A record larger than the whole store could never be written: every
+    // ingest of a long chunk would fail. Refused here instead (K/V bytes of
+    // the longest chunk or prefix, at least; the record adds its token ids).
+    const int64_t longest = std::max(options.max_chunk_tokens, options.max_prefix_tokens);
+    const double kv = std::max(KvBytesPerToken(*s->model, *codec),
+                               KvBytesPerToken(*s->model, KvCodec{}));  // prefixes are raw
+    const auto need = static_cast<uint64_t>(static_cast<double>(longest) * (kv + 4));
+    if (options.store_capacity_bytes < need) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--store-capacity-bytes: ", options.store_capacity_bytes, " cannot hold one record of ",
+          longest, " tokens (--max-chunk-tokens / --max-prefix-tokens), about ", need,
+          " bytes for this model"));
+    }
+  }
   s->resolver = std::make_unique<ChunkResolver>(s->model.get(), s->tokenizer.get(), s->store.get(),
                                                 options.max_chunk_tokens, *codec);
   QueryLimits limits;

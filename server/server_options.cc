@@ -22,6 +22,11 @@ const char kServerUsage[] =
     "  --device auto|cpu|cuda  (default auto)\n"
     "  --data-dir DIR          RocksDB store (default ./data/kv)\n"
     "  --ram-bytes N           store RAM tier bytes (default 512 MiB)\n"
+    "  --store-capacity-bytes N  stored record bytes at most: a write past it first evicts the\n"
+    "                          least recently used records (default 0 = unbounded; a chunk\n"
+    "                          evicted is NOT_FOUND by key until ingested again)\n"
+    "  --store-ttl-s N         records older than N s read as missing and are removed\n"
+    "                          (default 0 = never)\n"
     "  --listen HOST:PORT      gRPC address (default 127.0.0.1:50051; port 0 = ephemeral)\n"
     "  --metrics-listen H:P    Prometheus /metrics (default 127.0.0.1:9464; '' = off)\n"
     "  --max-context-tokens N  context tokens per query (default 8192)\n"
@@ -177,6 +182,8 @@ absl::Status Apply(ServerOptions* o, const std::string& name, const std::string&
   else if (name == "device") o->device = value;
   else if (name == "data-dir") o->data_dir = value;
   else if (name == "ram-bytes") return num(&o->ram_bytes, 0);
+  else if (name == "store-capacity-bytes") return num(&o->store_capacity_bytes, 0);
+  else if (name == "store-ttl-s") return num(&o->store_ttl_s, 0);
   else if (name == "listen") o->listen = value;
   else if (name == "metrics-listen") o->metrics_listen = value;
   else if (name == "max-context-tokens") return num(&o->max_context_tokens, 1);

@@ -17,6 +17,11 @@ struct ServerOptions {
   std::string device = "auto";
   std::string data_dir = "./data/kv";
   uint64_t ram_bytes = uint64_t{512} << 20;  // store RAM tier
+  // Stored record bytes at most; past it a write first evicts the least
+  // recently used records (0 = unbounded, nothing is ever evicted).
+  uint64_t store_capacity_bytes = 0;
+  // Records older than this read as missing and are removed (0 = never).
+  int64_t store_ttl_s = 0;
   std::string listen = "127.0.0.1:50051";    // port 0 = ephemeral
   std::string metrics_listen = "127.0.0.1:9464";  // "" = no /metrics
   int64_t max_context_tokens = 8192;

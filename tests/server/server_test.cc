@@ -1278,6 +1278,90 @@ TEST_F(ServerTest, BusyServerAnswersResourceExhausted) {
   EXPECT_TRUE(ok);
 }
 
+// --store-capacity-bytes bounds the store: the write that would pass it
+// first evicts the least recently used record, which then reads as
+// NOT_FOUND by key until ingested again. A capacity that cannot hold one
+// record of the longest chunk is refused at start.
+TEST_F(ServerTest, StoreCapacityEvictsTheLeastRecentlyUsedRecord) {
+  const std::vector<std::string> texts = {"The heron nests by the mill.",
+                                          "Maria Lopez owns a red boat.",
+                                          "Arthur keeps a brass compass."};
+  auto ingest_one = [&](const std::string& text, v1::IngestResult* out) {
+    v1::IngestRequest req;
+    req.add_chunks()->set_text(text);
+    v1::IngestResponse resp;
+    grpc::ClientContext ctx;
+    const grpc::Status s = h_.ingest->Ingest(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    *out = resp.results(0);
+  };
+  auto stored_bytes = [&] {
+    grpc::ClientContext ctx;
+    v1::StatsResponse stats;
+    EXPECT_TRUE(h_.admin->Stats(&ctx, v1::StatsRequest(), &stats).ok());
+    return stats;
+  };
+  // Each record's size, from an unbounded store.
+  h_.options.max_chunk_tokens = 24;
+  h_.options.max_prefix_tokens = 24;
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  uint64_t total = 0;
+  std::vector<std::string> keys;
+  for (const std::string& t : texts) {
+    v1::IngestResult r;
+    ASSERT_NO_FATAL_FAILURE(ingest_one(t, &r));
+    keys.push_back(r.chunk_key());
+  }
+  total = stored_bytes().bytes();
+  h_.Stop();
+  fs::remove_all(h_.data_dir);
+
+  // One byte short of all three: the third write evicts the first.
+  h_.options.store_capacity_bytes = total - 1;
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  for (size_t i = 0; i < texts.size(); ++i) {
+    v1::IngestResult r;
+    ASSERT_NO_FATAL_FAILURE(ingest_one(texts[i], &r));
+    EXPECT_EQ(r.status(), v1::CHUNK_STATUS_STORED);
+    EXPECT_EQ(r.chunk_key(), keys[i]);
+  }
+  const v1::StatsResponse stats = stored_bytes();
+  EXPECT_EQ(stats.records(), 2u);
+  EXPECT_LE(stats.bytes(), total - 1);
+  EXPECT_EQ(stats.evictions(), 1u);
+  const QueryCall evicted = RunQueryRpc(h_.query.get(), QueryByKeys({keys[0]}, v1::METHOD_NONE));
+  EXPECT_EQ(evicted.status.error_code(), grpc::NOT_FOUND) << evicted.status.error_message();
+  EXPECT_NE(evicted.status.error_message().find(keys[0]), std::string::npos);
+  EXPECT_TRUE(
+      RunQueryRpc(h_.query.get(), QueryByKeys({keys[1], keys[2]}, v1::METHOD_NONE)).status.ok());
+  h_.Stop();
+
+  // Too small for one record of 24 tokens.
+  h_.options.store_capacity_bytes = 1000;
+  absl::StatusOr<std::unique_ptr<InfoflowServer>> small = InfoflowServer::Start(h_.options);
+  ASSERT_FALSE(small.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(small.status())) << small.status();
+  EXPECT_NE(small.status().message().find("--store-capacity-bytes"), std::string::npos);
+}
+
+// --store-ttl-s: a record older than the TTL reads as missing; ingesting it
+// again stores it afresh.
+TEST_F(ServerTest, StoreTtlExpiresRecords) {
+  // The store compares whole seconds: a record is certainly alive for the
+  // first TTL - 1 s and certainly expired after TTL + 1 s.
+  h_.options.store_ttl_s = 2;
+  ASSERT_NO_FATAL_FAILURE(h_.Start());
+  const std::vector<std::string> keys = IngestKeys();
+  EXPECT_TRUE(RunQueryRpc(h_.query.get(), QueryByKeys(keys, v1::METHOD_NONE)).status.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(3100));
+  const QueryCall expired = RunQueryRpc(h_.query.get(), QueryByKeys(keys, v1::METHOD_NONE));
+  EXPECT_EQ(expired.status.error_code(), grpc::NOT_FOUND) << expired.status.error_message();
+  grpc::ClientContext ctx;
+  v1::IngestResponse again;
+  ASSERT_TRUE(h_.ingest->Ingest(&ctx, IngestAll(), &again).ok());
+  for (const auto& r : again.results()) EXPECT_EQ(r.status(), v1::CHUNK_STATUS_STORED);
+}
+
 // A full queue refuses an ingest batch before its texts are tokenized (a
 // flood of large batches would otherwise cost that CPU each time), after the
 // checks that need no tokenizer, which still name the field.
