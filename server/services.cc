@@ -323,6 +323,10 @@ grpc::Status IngestService::DoIngest(grpc::ServerContext* ctx, const v1::IngestR
         !s.ok()) {
       return ToGrpc(s);
     }
+    if (req.chunks(i).client_id().size() > kMaxClientIdBytes) {
+      return Invalid(absl::StrCat("chunks[", i, "].client_id: ", req.chunks(i).client_id().size(),
+                                  " bytes, at most ", kMaxClientIdBytes));
+    }
   }
   if (absl::Status room = d_->scheduler->CheckRoom(); !room.ok()) return ToGrpc(room);
   std::vector<std::vector<int32_t>> ids(req.chunks_size());

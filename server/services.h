@@ -73,6 +73,8 @@ absl::Status CheckBearerToken(const std::string* authorization, const std::strin
 inline constexpr int kMaxStopStrings = 16;
 inline constexpr size_t kMaxStopStringBytes = 256;
 inline constexpr int kMaxStopIds = 1024;
+// IngestChunk.client_id is echoed in the reply: a caller's label, not data.
+inline constexpr size_t kMaxClientIdBytes = 1024;
 // scoring_layers: at most one entry per model layer, no layer twice.
 
 // Checks the model selector, validates and translates `req` into *spec and

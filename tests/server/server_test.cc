@@ -870,6 +870,21 @@ TEST_F(ServerTest, BadInputsGetTheirStatusAndServerStaysUsable) {
     EXPECT_EQ(h_.ingest->Ingest(&ctx, v1::IngestRequest(), &resp).error_code(), grpc::INVALID_ARGUMENT);
   }
   {
+    // The client_id is echoed back: a label, bounded, not a second payload.
+    v1::IngestRequest req = IngestAll();
+    req.mutable_chunks(1)->set_client_id(std::string(1025, 'x'));
+    grpc::ClientContext ctx;
+    v1::IngestResponse resp;
+    grpc::Status s = h_.ingest->Ingest(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT);
+    EXPECT_NE(s.error_message().find("chunks[1].client_id: 1025 bytes"), std::string::npos)
+        << s.error_message();
+    req.mutable_chunks(1)->set_client_id(std::string(1024, 'x'));
+    grpc::ClientContext ok_ctx;
+    ASSERT_TRUE(h_.ingest->Ingest(&ok_ctx, req, &resp).ok());
+    EXPECT_EQ(resp.results(1).client_id(), std::string(1024, 'x'));
+  }
+  {
     grpc::ClientContext ctx;
     v1::DeleteChunkRequest req;
     req.set_chunk_key("nothex");
