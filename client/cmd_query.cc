@@ -19,8 +19,7 @@ namespace {
 namespace v1 = ::infoflow::v1;
 
 constexpr char kUsage[] =
-    "usage: infoflow query [--server ADDR] --question Q\n"
-    "                      [--key K | --chunk-text T | --chunk-file F]...\n"
+    "usage: infoflow query [--server ADDR] --question Q (--key K | --chunk-text T | --chunk-file F)...\n"
     "                      [--method infoflow|full|none|cacheblend|cacheblend_partial|\n"
     "                                infoflow_blend|epic|random] [--ratio R] [--deviation v|k]\n"
     "                      [--reorder] [--report] [--max-new-tokens N]\n"
@@ -28,8 +27,7 @@ constexpr char kUsage[] =
     "                      [--prefix TEXT|@FILE] [--template TEXT|@FILE] [--parse-special]\n"
     "                      [--prefix-mode bos|none] [--temperature T] [--top-p P] [--seed S]\n"
     "                      [--stop S]... [--stop-id ID]...\n"
-    "Chunks are used in the order given; with none the query is a plain prompt (prefix +\n"
-    "question, prefilled whole).\n"
+    "Chunks are used in the order given.\n"
     "  --prefix        text prefilled before the chunks (system prompt + chat header; the model's\n"
     "                  special tokens in it, e.g. <|im_start|>, are special tokens). Cached by the\n"
     "                  server: a shared prefix is prefilled once. @FILE reads it from FILE.\n"

@@ -156,10 +156,12 @@ bool DeadlinePassed(const grpc::ServerContext* ctx) {
 }
 
 // Translates and validates a QueryRequest; messages name the field.
-grpc::Status ToSpec(const ServiceDeps& d, const v1::QueryRequest& req, QuerySpec* spec) {
+grpc::Status ToSpec(const ServiceDeps& d, const v1::QueryRequest& req, ChunkPolicy chunks,
+                    QuerySpec* spec) {
   const ServerOptions& o = *d.options;
-  // No chunks is a plain prompt: prefix + question, prefilled whole by any
-  // method (nothing to reuse).
+  if (chunks == ChunkPolicy::kRequired && req.chunks_size() == 0) {
+    return Invalid("chunks: at least one chunk is required");
+  }
   if (req.chunks_size() > o.max_chunks) {
     return Invalid(absl::StrCat("chunks: ", req.chunks_size(), " chunks, limit is ", o.max_chunks,
                                 " (--max-chunks)"));
@@ -434,10 +436,11 @@ grpc::Status CheckServesApi(const ServiceDeps& d) {
                    d.options->dist_init, ")"));
 }
 
-grpc::Status PrepareQuery(const ServiceDeps& d, const v1::QueryRequest& req, QuerySpec* spec) {
+grpc::Status PrepareQuery(const ServiceDeps& d, const v1::QueryRequest& req, ChunkPolicy chunks,
+                          QuerySpec* spec) {
   grpc::Status s = CheckServesApi(d);
   if (s.ok()) s = CheckModel(d, req.model());
-  if (s.ok()) s = ToSpec(d, req, spec);
+  if (s.ok()) s = ToSpec(d, req, chunks, spec);
   if (s.ok()) s = ToGrpc(d.runner->Prepare(spec));  // bounded; before queueing
   return s;
 }
@@ -549,7 +552,7 @@ grpc::Status QueryService::Query(grpc::ServerContext* ctx, const v1::QueryReques
   QuerySpec spec;
   QueryRun run;
   grpc::Status s = CheckAuth(ctx, d_->auth_token);
-  if (s.ok()) s = PrepareQuery(*d_, *req, &spec);
+  if (s.ok()) s = PrepareQuery(*d_, *req, ChunkPolicy::kRequired, &spec);
   if (s.ok()) {
     // Write() blocks while the client reads nothing and the stream's window
     // is full (answers past ~64 KiB: a few thousand tokens); the reaper ends

@@ -77,12 +77,19 @@ inline constexpr int kMaxStopIds = 1024;
 inline constexpr size_t kMaxClientIdBytes = 1024;
 // scoring_layers: at most one entry per model layer, no layer twice.
 
+// Whether a query may come without chunks. gRPC's Query answers over chunks
+// and refuses none (INVALID_ARGUMENT: a caller that forgot them learns it
+// instead of getting an answer without its context); the OpenAI API serves
+// a prompt without the blend separator as any completion endpoint does, a
+// plain prompt: prefix + question prefilled whole.
+enum class ChunkPolicy { kRequired, kOptional };
+
 // Checks the model selector, validates and translates `req` into *spec and
 // tokenizes it against the limits (QueryRunner::Prepare). No engine work,
 // nothing queued: every limit is checked before work starts. Errors name
 // the request field (INVALID_ARGUMENT, FAILED_PRECONDITION).
 grpc::Status PrepareQuery(const ServiceDeps& d, const infoflow::v1::QueryRequest& req,
-                          QuerySpec* spec);
+                          ChunkPolicy chunks, QuerySpec* spec);
 
 // How a transport hands a query's tokens to its client.
 struct QueryStreamIo {

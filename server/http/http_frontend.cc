@@ -290,7 +290,8 @@ void HttpFrontend::Impl::HandleQuery(const httplib::Request& req, httplib::Respo
   }
   auto r = std::make_shared<OpenAiRequest>(*std::move(parsed));
   auto spec = std::make_shared<QuerySpec>();
-  if (grpc::Status s = PrepareQuery(*d, r->query, spec.get()); !s.ok()) {
+  // A prompt without the separator is a plain prompt (ChunkPolicy).
+  if (grpc::Status s = PrepareQuery(*d, r->query, ChunkPolicy::kOptional, spec.get()); !s.ok()) {
     SetError(res, ErrorFromStatus(s));
     LogQuery(absl::StrCat("http=", req.path), r->query.chunks_size(), *spec, s,
              absl::UnknownError("not run"));

@@ -5,14 +5,17 @@
 // group runs; refusals; Health following the group; a killed, a stopped and
 // a restarted rank; a restarted rank 0.
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <signal.h>
 
 #include <chrono>
+#include <filesystem>
 #include <regex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "nlohmann/json.hpp"
 #include "tests/reliability/reliability_util.h"
 
 namespace infoflow {
@@ -53,6 +56,32 @@ v1::QueryRequest Request(const std::vector<std::string>& texts, v1::Method metho
   req.mutable_sampling()->set_temperature(0);
   req.set_return_report(true);
   return req;
+}
+
+// A plain prompt (no blend separator, so no chunks) through the OpenAI HTTP
+// API of `s`: the greedy text and the report's context_tokens.
+struct PlainAnswer {
+  std::string text;
+  int64_t context_tokens = -1;
+};
+absl::StatusOr<PlainAnswer> AskPlain(const ServerProcess& s) {
+  std::smatch m;
+  const std::string log = s.log();
+  if (!std::regex_search(log, m, std::regex("http on http://127\\.0\\.0\\.1:(\\d+)"))) {
+    return absl::UnavailableError("no HTTP port in the log");
+  }
+  httplib::Client c("127.0.0.1", std::stoi(m[1]));
+  c.set_read_timeout(60);
+  const nlohmann::json body = {{"model", std::filesystem::path(ModelDir()).filename().string()},
+                               {"prompt", "Question: Who keeps the lighthouse?\nAnswer:"},
+                               {"max_tokens", 8},
+                               {"temperature", 0},
+                               {"infoflow", {{"method", "INFOFLOW"}, {"report", true}}}};
+  httplib::Result r = c.Post("/v1/completions", body.dump(), "application/json");
+  if (!r) return absl::UnavailableError("no HTTP answer");
+  if (r->status != 200) return absl::InternalError(r->body);
+  const nlohmann::json a = nlohmann::json::parse(r->body);
+  return PlainAnswer{a["choices"][0]["text"], a["infoflow"]["context_tokens"]};
 }
 
 bool WaitFor(const std::function<bool()>& cond, std::chrono::milliseconds limit) {
@@ -106,6 +135,7 @@ class Group {
         "--world-size=" + std::to_string(world_), "--rank=" + std::to_string(r),
         "--dist-timeout-ms=" + std::to_string(kTimeoutMs), "--threads=1", "--store-sync=false"};
     if (port >= 0) args.push_back("--dist-init=127.0.0.1:" + std::to_string(port));
+    if (r == 0) args.push_back("--http-listen=127.0.0.1:0");
     return std::make_unique<ServerProcess>(ServerBin(), ModelDir(), data,
                                            dir_.path + "/rank" + std::to_string(r) + ".log", args);
   }
@@ -119,9 +149,9 @@ class SpServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     reference_dir_ = new TempDir("sp_ref");
-    reference_ =
-        new ServerProcess(ServerBin(), ModelDir(), reference_dir_->path + "/data",
-                          reference_dir_->path + "/ref.log", {"--threads=1", "--store-sync=false"});
+    reference_ = new ServerProcess(
+        ServerBin(), ModelDir(), reference_dir_->path + "/data", reference_dir_->path + "/ref.log",
+        {"--threads=1", "--store-sync=false", "--http-listen=127.0.0.1:0"});
     std::string err;
     ASSERT_TRUE(reference_->Start(&err)) << err;
   }
@@ -175,15 +205,15 @@ void ExpectSameAnswers(ServerProcess& reference, Group& group, int world, uint32
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->ids, by_text->ids);
   EXPECT_EQ(got->report.chunk_hits(), 6);
-  // A plain prompt (no chunks) has nothing to split: rank 0 answers it alone,
-  // as one server does (the other ranks' query counts below exclude it).
-  const v1::QueryRequest plain = Request({}, v1::METHOD_INFOFLOW, 0.15);
-  absl::StatusOr<Answer> plain_want = Ask(reference, plain);
+  // A plain prompt over HTTP (no chunks) has nothing to split: rank 0
+  // answers it alone, as one server does (the other ranks' query counts
+  // below exclude it).
+  absl::StatusOr<PlainAnswer> plain_want = AskPlain(reference);
   ASSERT_TRUE(plain_want.ok()) << plain_want.status();
-  absl::StatusOr<Answer> plain_got = Ask(group.rank(0), plain);
-  ASSERT_TRUE(plain_got.ok()) << plain_got.status();
-  EXPECT_EQ(plain_got->ids, plain_want->ids);
-  EXPECT_EQ(plain_got->report.context_tokens(), 0);
+  absl::StatusOr<PlainAnswer> plain_got = AskPlain(group.rank(0));
+  ASSERT_TRUE(plain_got.ok()) << plain_got.status() << "\n" << group.rank(0).log();
+  EXPECT_EQ(plain_got->text, plain_want->text);
+  EXPECT_EQ(plain_got->context_tokens, 0);
   // Each other rank received its chunks from rank 0 exactly once (first
   // query) and served them from its own store afterwards.
   for (int r = 1; r < world; ++r) {

@@ -616,6 +616,21 @@ class HttpServerTest : public ::testing::Test {
   int port_ = 0;
 };
 
+// The text a gRPC Query streams, and its status.
+std::string GrpcText(const testing::ServerProcess& srv, const v1::QueryRequest& req,
+                     grpc::Status* status) {
+  auto stub = v1::Query::NewStub(srv.channel());
+  grpc::ClientContext ctx;
+  auto reader = stub->Query(&ctx, req);
+  std::string text;
+  v1::QueryResponse msg;
+  while (reader->Read(&msg)) {
+    if (msg.has_token()) text += msg.token().text();
+  }
+  *status = reader->Finish();
+  return text;
+}
+
 // The same greedy answer as the gRPC Query with prefix = first piece, chunks =
 // the middle pieces, question = the last, prompt_template = "{question}".
 std::string GrpcAnswer(const testing::ServerProcess& srv, const std::string& prompt) {
@@ -626,15 +641,9 @@ std::string GrpcAnswer(const testing::ServerProcess& srv, const std::string& pro
   req.set_question(std::string(pieces.back()));
   req.set_prompt_template("{question}");
   req.set_max_new_tokens(12);
-  auto stub = v1::Query::NewStub(srv.channel());
-  grpc::ClientContext ctx;
-  auto reader = stub->Query(&ctx, req);
-  std::string text;
-  v1::QueryResponse msg;
-  while (reader->Read(&msg)) {
-    if (msg.has_token()) text += msg.token().text();
-  }
-  EXPECT_TRUE(reader->Finish().ok());
+  grpc::Status status;
+  std::string text = GrpcText(srv, req, &status);
+  EXPECT_TRUE(status.ok()) << status.error_message();
   return text;
 }
 
@@ -664,6 +673,67 @@ TEST_F(HttpServerTest, AnswersAsTheGrpcQueryDoesAndReportsCachedTokens) {
   EXPECT_EQ(b["infoflow"]["chunk_hits"], 2);
   std::printf("TTFT first (chunks prefilled) %.2f ms, second (chunks from the store) %.2f ms\n",
               a["infoflow"]["ttft_ms"].get<double>(), b["infoflow"]["ttft_ms"].get<double>());
+}
+
+// A prompt without the blend separator is a plain prompt, as any completion
+// endpoint serves it: prefix + question prefilled whole, the same answer for
+// every method. "P # # Q" answers as gRPC's FULL over the same tokens given
+// as one chunk prefilled at 0 (the prefix is prefilled at 0 with no BOS, as
+// a PREFIX_MODE_NONE chunk is). gRPC's own Query still requires a chunk.
+TEST_F(HttpServerTest, APromptWithoutChunksIsAPlainPrompt) {
+  StartServer();
+  const std::string prefix = "Arthur Tanaka lives in Paris. His secret code is 4417.";
+  const std::string question = "\nQuestion: What is the secret code of Arthur Tanaka?\nAnswer:";
+  v1::QueryRequest as_chunk;
+  as_chunk.add_chunks()->set_text(prefix);
+  as_chunk.set_prefix_mode(v1::PREFIX_MODE_NONE);
+  as_chunk.set_question(question);
+  as_chunk.set_prompt_template("{question}");
+  as_chunk.set_method(v1::METHOD_FULL);
+  as_chunk.set_max_new_tokens(12);
+  grpc::Status status;
+  const std::string want = GrpcText(*srv_, as_chunk, &status);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_FALSE(want.empty());
+  for (const char* method :
+       {"", "FULL", "NONE", "INFOFLOW", "INFOFLOW_BLEND", "CACHEBLEND", "EPIC", "RANDOM"}) {
+    SCOPED_TRACE(method);
+    json body = {{"model", "infoflow-tiny"},
+                 {"prompt", prefix + " # # " + question},
+                 {"max_tokens", 12},
+                 {"temperature", 0},
+                 {"infoflow", {{"report", true}}}};
+    if (*method != '\0') body["infoflow"]["method"] = method;
+    httplib::Result r = Post("/v1/completions", body.dump());
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json a = json::parse(r->body);
+    EXPECT_EQ(a["choices"][0]["text"], want);
+    EXPECT_EQ(a["infoflow"]["context_tokens"], 0);
+    EXPECT_EQ(a["infoflow"]["recomputed_tokens"], 0);
+  }
+  // No separator at all: the question after BOS, as a completion or as the
+  // one message of a chat (the plain format adds nothing around it).
+  httplib::Result bare = Post(
+      "/v1/completions",
+      json{{"model", "infoflow-tiny"}, {"prompt", question}, {"max_tokens", 12}, {"temperature", 0}}
+          .dump());
+  httplib::Result chat =
+      Post("/v1/chat/completions", json{{"model", "infoflow-tiny"},
+                                        {"messages", {{{"role", "user"}, {"content", question}}}},
+                                        {"max_tokens", 12},
+                                        {"temperature", 0}}
+                                       .dump());
+  ASSERT_TRUE(bare && chat);
+  ASSERT_EQ(bare->status, 200) << bare->body;
+  ASSERT_EQ(chat->status, 200) << chat->body;
+  EXPECT_EQ(json::parse(bare->body)["choices"][0]["text"],
+            json::parse(chat->body)["choices"][0]["message"]["content"]);
+  v1::QueryRequest none = as_chunk;
+  none.clear_chunks();
+  GrpcText(*srv_, none, &status);
+  EXPECT_EQ(status.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("chunks: at least one chunk"), std::string::npos);
 }
 
 // A model directory with a chat template in tokenizer_config.json: auto

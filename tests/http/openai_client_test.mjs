@@ -31,12 +31,10 @@ async function check(name, fn) {
   }
 }
 
-function grpcAnswer(withChunks = chunks, withPrefix = prefix) {
+function grpcAnswer(extra = ['--prefix', prefix, ...chunks.flatMap((c) => ['--chunk-text', c])]) {
   const args = ['query', '--server', GRPC_ADDR, '--token-file', TOKEN_FILE, '--template',
                 '{question}', '--question', question, '--temperature', '0', '--max-new-tokens',
-                String(MAX_TOKENS)];
-  if (withPrefix !== '') args.push('--prefix', withPrefix);
-  for (const c of withChunks) args.push('--chunk-text', c);
+                String(MAX_TOKENS), ...extra];
   const out = execFileSync(CLI, args, { encoding: 'utf8' });
   assert.ok(out.endsWith('\n'), 'the CLI ends its answer with a newline');
   return out.slice(0, -1);
@@ -124,18 +122,21 @@ await check('chat completions, non-streaming and streaming', async () => {
 });
 
 // A prompt without chunks is served as a plain prompt, as any OpenAI
-// endpoint serves it: prefix + question prefilled whole.
-await check('a prompt without chunks is a plain prompt (the gRPC Query with none)', async () => {
+// endpoint serves it: prefix + question prefilled whole. "prefix # # question"
+// answers as the gRPC FULL Query over the same tokens given as one chunk
+// prefilled at 0 (the prefix has no BOS before it, as a prefix-mode-none chunk).
+await check('a prompt without chunks is a plain prompt', async () => {
   const r = await client.completions.create({ ...base, prompt: prefix + SEP + question,
                                               infoflow: { report: true } });
-  assert.equal(r.choices[0].text, grpcAnswer([], prefix));
+  assert.equal(r.choices[0].text,
+               grpcAnswer(['--chunk-text', prefix, '--prefix-mode', 'none', '--method', 'full']));
   assert.equal(r.infoflow.context_tokens, 0);
   checkUsage(r.usage);
+  // No separator at all: the same tokens as a completion or as one chat message.
   const bare = await client.completions.create({ ...base, prompt: question });
-  assert.equal(bare.choices[0].text, grpcAnswer([], ''));
   const chat = await client.chat.completions.create({
     ...base, messages: [{ role: 'user', content: question }] });
-  assert.equal(chat.choices[0].message.content, grpcAnswer([], ''));
+  assert.equal(chat.choices[0].message.content, bare.choices[0].text);
   console.log(`     plain answer ${JSON.stringify(bare.choices[0].text)}`);
 });
 

@@ -697,42 +697,6 @@ TEST(ServerOptionsTest, ListenerFlagsAreBounded) {
   }
 }
 
-// A query without chunks is a plain prompt (the HTTP API's prompt without a
-// separator): prefix + question prefilled whole. Every method answers as
-// FULL does over the same tokens given as one chunk prefilled at 0, and the
-// report says there was no context.
-TEST_F(ServerTest, AQueryWithoutChunksIsAPlainPrompt) {
-  ASSERT_NO_FATAL_FAILURE(h_.Start());
-  const std::string text = "Arthur Tanaka lives in Paris. His secret code is 4417.";
-  v1::QueryRequest as_chunk = QueryByKeys({}, v1::METHOD_FULL);
-  as_chunk.add_chunks()->set_text(text);
-  as_chunk.set_prefix_mode(v1::PREFIX_MODE_NONE);
-  const QueryCall ref = RunQueryRpc(h_.query.get(), as_chunk);
-  ASSERT_TRUE(ref.status.ok()) << ref.status.error_message();
-  ASSERT_FALSE(ref.ids.empty());
-  for (v1::Method m : {v1::METHOD_UNSPECIFIED, v1::METHOD_FULL, v1::METHOD_NONE,
-                       v1::METHOD_INFOFLOW, v1::METHOD_INFOFLOW_BLEND, v1::METHOD_CACHEBLEND,
-                       v1::METHOD_CACHEBLEND_PARTIAL, v1::METHOD_EPIC, v1::METHOD_RANDOM}) {
-    SCOPED_TRACE(v1::Method_Name(m));
-    v1::QueryRequest plain = QueryByKeys({}, m);
-    plain.set_prefix(text);
-    plain.set_prefix_mode(v1::PREFIX_MODE_NONE);
-    const QueryCall got = RunQueryRpc(h_.query.get(), plain);
-    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
-    EXPECT_EQ(got.ids, ref.ids);
-    EXPECT_EQ(got.text, ref.text);
-    EXPECT_EQ(got.report.context_tokens(), 0);
-    EXPECT_EQ(got.report.recomputed_tokens(), 0);
-    EXPECT_EQ(got.report.chunk_keys_size(), 0);
-    EXPECT_EQ(got.report.prefix_tokens(), ref.report.context_tokens());
-  }
-  // No prefix either: the question after the model's BOS.
-  const QueryCall bare = RunQueryRpc(h_.query.get(), QueryByKeys({}, v1::METHOD_NONE));
-  ASSERT_TRUE(bare.status.ok()) << bare.status.error_message();
-  EXPECT_EQ(bare.report.prefix_tokens(), 1);
-  EXPECT_FALSE(bare.ids.empty());
-}
-
 TEST_F(ServerTest, BadInputsGetTheirStatusAndServerStaysUsable) {
   h_.options.max_chunks = 4;
   h_.options.max_chunk_tokens = 64;
@@ -747,6 +711,9 @@ TEST_F(ServerTest, BadInputsGetTheirStatusAndServerStaysUsable) {
   };
   const std::string absent(64, 'a');
   const std::vector<Case> cases = {
+      // gRPC's Query answers over chunks (the HTTP API serves plain prompts).
+      {"no chunks", [](v1::QueryRequest* r) { r->clear_chunks(); }, grpc::INVALID_ARGUMENT,
+       "chunks: at least one chunk"},
       {"too many chunks",
        [](v1::QueryRequest* r) {
          for (int i = 0; i < 4; ++i) r->add_chunks()->set_text("x y z");
