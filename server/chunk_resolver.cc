@@ -75,6 +75,12 @@ absl::StatusOr<std::vector<int32_t>> ChunkResolver::ChunkTokens(std::string_view
                                                                 const std::string& field,
                                                                 bool parse_special) const {
   if (absl::Status s = CheckedText(text, field); !s.ok()) return s;
+  return CheckedTokens(text, field, parse_special);
+}
+
+absl::StatusOr<std::vector<int32_t>> ChunkResolver::CheckedTokens(std::string_view text,
+                                                                  const std::string& field,
+                                                                  bool parse_special) const {
   std::vector<int32_t> ids = tokenizer_->EncodePieces({{text, parse_special}});
   if (ids.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": chunk has no tokens"));
   if (static_cast<int64_t>(ids.size()) > max_chunk_tokens_) {

@@ -88,15 +88,13 @@ class ChunkResolver {
   // than max_chunk_tokens can hold.
   absl::Status CheckedText(std::string_view text, const std::string& field) const;
 
-  // The checks ingest makes before any work: CheckedText's, then too many
-  // tokens. Returns its token ids, so a batch can be checked whole before
-  // anything is stored and each text is tokenized once.
-  // `parse_special`: see ChunkRef.
+  // The token ids of a text that passed CheckedText (not checked again):
+  // InvalidArgument naming `field` when it has no tokens or more than
+  // max_chunk_tokens. Ingest checks a batch whole before anything is
+  // stored, and tokenizes each text once. `parse_special`: see ChunkRef.
   absl::StatusOr<std::vector<int32_t>> CheckedTokens(std::string_view text,
                                                      const std::string& field,
-                                                     bool parse_special = false) const {
-    return ChunkTokens(text, field, parse_special);
-  }
+                                                     bool parse_special = false) const;
 
   // Ingests one chunk given as CheckedTokens ids: stores its KV unless an
   // intact record exists (already_present).
@@ -128,6 +126,7 @@ class ChunkResolver {
   std::vector<int32_t> Tokenize(std::string_view text) const;
 
  private:
+  // CheckedText, then CheckedTokens (a query's text chunks).
   absl::StatusOr<std::vector<int32_t>> ChunkTokens(std::string_view text,
                                                    const std::string& field,
                                                    bool parse_special) const;

@@ -318,7 +318,8 @@ grpc::Status IngestService::DoIngest(grpc::ServerContext* ctx, const v1::IngestR
   }
   // The whole batch is checked (and tokenized, once) before anything is
   // stored: first what needs no tokenizer, then room in the queue, so a full
-  // queue refuses a flood of large batches without tokenizing each.
+  // queue refuses a flood of large batches without tokenizing each, then
+  // tokens (CheckedTokens does not repeat CheckedText).
   for (int i = 0; i < req.chunks_size(); ++i) {
     if (absl::Status s =
             d_->resolver->CheckedText(req.chunks(i).text(), absl::StrCat("chunks[", i, "].text"));
