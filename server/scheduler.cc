@@ -249,8 +249,11 @@ void Scheduler::Impl::PrefillThread() {
         s = absl::InternalError(absl::StrCat("engine error: ", e.what()));
       }
       baton.Release();
-      if (s.ok() && more && !r->cancel.load()) {
-        // Back of the line, as admitted work: no queue-depth check again.
+      if (s.ok() && more) {
+        // Back of the line, as admitted work: no queue-depth check again. A
+        // caller that cancelled meanwhile gets CANCELLED from there (Wait
+        // takes it out of the queue, or the pop above completes it), not OK
+        // for a batch cut short.
         {
           std::lock_guard<std::mutex> l(mu);
           r->started = false;
