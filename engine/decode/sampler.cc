@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -24,6 +25,9 @@ int32_t Sampler::Sample(const at::Tensor& logits_in) {
   }
   // Softmax at temperature (unnormalised: the draw scales by the total).
   const float max = *std::max_element(x, x + n);
+  // Every logit -inf (a mask that covers the vocabulary): no distribution to
+  // draw from; the greedy answer, id 0, instead of NaN weights.
+  if (!(max > -std::numeric_limits<float>::infinity())) return 0;
   std::vector<double>& p = weights_;
   p.resize(n);
   double total = 0;

@@ -26,6 +26,7 @@ class Sampler {
   // total (stable sort, ties to the lower id) and draws among them. top_p = 1
   // draws over all tokens in id order without sorting: the same distribution
   // at a fraction of the cost, which a decode step pays once per request.
+  // Every logit -inf (a mask over the whole vocabulary): 0 in every mode.
   int32_t Sample(const at::Tensor& logits);
 
  private:

@@ -27,6 +27,19 @@ TEST(Sampler, GreedyIsArgmaxWithTiesToTheLowerId) {
   EXPECT_EQ(s.Sample(logits.unsqueeze(0)), 1);  // [1, vocab] as well
 }
 
+// A mask over the whole vocabulary (stop ids listing every id, before
+// min_new_tokens) leaves every logit -inf: each mode answers id 0, as greedy
+// does, rather than drawing from NaN weights.
+TEST(Sampler, AllMaskedLogitsGiveIdZero) {
+  const at::Tensor logits = at::full({8}, -std::numeric_limits<float>::infinity());
+  for (float t : {0.0f, 1.0f}) {
+    for (float top_p : {1.0f, 0.5f}) {
+      Sampler s({t, top_p, 5});
+      EXPECT_EQ(s.Sample(logits), 0) << "T " << t << " top_p " << top_p;
+    }
+  }
+}
+
 TEST(Sampler, SameSeedSameTokensOtherSeedOtherTokens) {
   at::Tensor logits = at::randn({300}, at::TensorOptions().dtype(at::kFloat));
   for (float top_p : {1.0f, 0.9f}) {
