@@ -51,6 +51,18 @@ ChunkResolver::ChunkResolver(const Model* model, const Tokenizer* tokenizer,
       max_chunk_tokens_(max_chunk_tokens),
       codec_(codec) {}
 
+bool ChunkResolver::SeenBefore(const std::string& key_hex) const {
+  std::lock_guard<std::mutex> lock(recent_mu_);
+  if (recent_prefixes_.erase(key_hex) > 0) return true;  // stored now: forget it
+  if (recent_order_.size() >= kRecentPrefixes) {
+    recent_prefixes_.erase(recent_order_.front());  // may be gone already: then a no-op
+    recent_order_.pop_front();
+  }
+  recent_prefixes_.insert(key_hex);
+  recent_order_.push_back(key_hex);
+  return false;
+}
+
 std::vector<int32_t> ChunkResolver::Tokenize(std::string_view text) const {
   return tokenizer_->Encode(text);
 }
@@ -117,25 +129,41 @@ absl::StatusOr<IngestOutcome> ChunkResolver::Ingest(const std::vector<int32_t>& 
   return out;
 }
 
-absl::StatusOr<ResolvedPrefix> ChunkResolver::ResolvePrefix(
-    const std::vector<int32_t>& ids) const {
+absl::StatusOr<ResolvedPrefix> ChunkResolver::ResolvePrefix(const std::vector<int32_t>& ids,
+                                                            PrefixStorePolicy policy) const {
   const KvCodec lossless;  // raw
   const store::ChunkKey key = ChunkKeyFor(*model_, ids, PrefixMode::kNone, lossless);
-  absl::StatusOr<store::GetResult> res =
-      store_->GetOrCompute(key, [&]() -> absl::StatusOr<std::string> {
+  auto compute = [&]() -> absl::StatusOr<std::string> {
+    absl::StatusOr<ChunkKv> kv = PrefillChunk(*model_, ids, PrefixMode::kNone);
+    if (!kv.ok()) return kv.status();
+    return EncodeChunkRecord(*model_, *kv, PrefixMode::kNone, lossless);
+  };
+  ResolvedPrefix out;
+  out.key_hex = key.Hex();
+  absl::StatusOr<store::GetResult> res = absl::UnknownError("");
+  if (policy == PrefixStorePolicy::kAlways) {
+    res = store_->GetOrCompute(key, compute);
+  } else {
+    res = store_->Get(key);
+    if (res.ok() && res->status != store::GetStatus::kFound) {
+      if (policy == PrefixStorePolicy::kRepeated && SeenBefore(out.key_hex)) {
+        res = store_->GetOrCompute(key, compute, /*just_missed=*/true);
+      } else {
+        // Prefilled for this query only: no record, no RAM-tier entry.
         absl::StatusOr<ChunkKv> kv = PrefillChunk(*model_, ids, PrefixMode::kNone);
         if (!kv.ok()) return kv.status();
-        return EncodeChunkRecord(*model_, *kv, PrefixMode::kNone, lossless);
-      });
+        out.kv = std::make_shared<const ChunkKv>(*std::move(kv));
+        return out;
+      }
+    }
+  }
   if (!res.ok()) return res.status();
   absl::StatusOr<std::shared_ptr<const ChunkKv>> kv =
       DecodeChunkRecord(*model_, res->value->record(), PrefixMode::kNone, res->value);
   if (!kv.ok()) {
     return absl::Status(kv.status().code(), absl::StrCat("prefix: ", kv.status().message()));
   }
-  ResolvedPrefix out;
   out.kv = *std::move(kv);
-  out.key_hex = key.Hex();
   out.cached = !res->computed;
   return out;
 }

@@ -8,10 +8,13 @@
 #define INFOFLOW_SERVER_CHUNK_RESOLVER_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -39,6 +42,12 @@ inline constexpr uint64_t kMaxBytesPerToken = 32;
 // True when `s` is well-formed UTF-8 (no overlongs, surrogates or > U+10FFFF).
 bool IsValidUtf8(std::string_view s);
 
+// When a query prefix the store lacks is written to it (ResolvePrefix).
+// kRepeated suits text that usually appears once, like a conversation's
+// history (each turn's is new, and the next turn extends it), but is
+// sometimes repeated as is (few-shot examples given as turns).
+enum class PrefixStorePolicy : uint8_t { kAlways, kRepeated, kNever };
+
 // One chunk of a query: a stored key (64 hex digits) or text.
 struct ChunkRef {
   bool by_key = false;
@@ -53,7 +62,7 @@ struct ChunkRef {
 struct ResolvedPrefix {
   std::shared_ptr<const ChunkKv> kv;  // the prefix prefilled alone at 0..n-1
   std::string key_hex;
-  bool cached = false;  // served by the store; false: prefilled now and stored
+  bool cached = false;  // served by the store; false: prefilled now (stored per the policy)
 };
 
 struct IngestOutcome {
@@ -119,13 +128,26 @@ class ChunkResolver {
   // the raw codec: whatever --kv-codec is, a prefix record is lossless, so
   // the prefix stays exact. Single flight through the store: concurrent
   // queries with one new prefix prefill it once. The store's errors as they are.
-  absl::StatusOr<ResolvedPrefix> ResolvePrefix(const std::vector<int32_t>& ids) const;
+  // `policy` says when a prefix the store lacks is written (a stored record
+  // is always used): kAlways as above; kRepeated only when this resolver saw
+  // the same ids in one of its last kRecentPrefixes misses, else prefilled
+  // for this query only; kNever: prefilled for this query only. Nothing
+  // unwritten enters the RAM tier.
+  absl::StatusOr<ResolvedPrefix> ResolvePrefix(
+      const std::vector<int32_t>& ids, PrefixStorePolicy policy = PrefixStorePolicy::kAlways) const;
+
+  // How many missed prefix keys kRepeated remembers (FIFO; ~200 B each).
+  static constexpr size_t kRecentPrefixes = 16384;
 
   // Tokens of `text` under the served tokenizer (no post_processor tokens;
   // special-token spellings parsed as special tokens).
   std::vector<int32_t> Tokenize(std::string_view text) const;
 
  private:
+  // kRepeated's memory: true when `key_hex` is among the recent misses (and
+  // then forgets it), else records it, dropping the oldest past the bound.
+  bool SeenBefore(const std::string& key_hex) const;
+
   // CheckedText, then CheckedTokens (a query's text chunks).
   absl::StatusOr<std::vector<int32_t>> ChunkTokens(std::string_view text,
                                                    const std::string& field,
@@ -136,6 +158,11 @@ class ChunkResolver {
   store::ChunkStore* store_;
   int64_t max_chunk_tokens_;
   KvCodec codec_;
+
+  // Keys of prefixes missed under kRepeated and not yet stored, oldest first.
+  mutable std::mutex recent_mu_;
+  mutable std::unordered_set<std::string> recent_prefixes_;
+  mutable std::deque<std::string> recent_order_;
 };
 
 }  // namespace infoflow::server

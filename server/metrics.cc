@@ -410,7 +410,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& liste
   auto& prefixes = prometheus::BuildCounter()
                        .Name("infoflow_prefix_queries_total")
                        .Help("Queries with a text prefix, by where its KV came from: "
-                             "source=prefilled (computed now and stored) or source=store.")
+                             "source=prefilled (now; stored per prefix_store) or source=store.")
                        .Register(r);
   impl->prefix_prefilled = &prefixes.Add({{"source", "prefilled"}});
   impl->prefix_cached = &prefixes.Add({{"source", "store"}});

@@ -206,7 +206,8 @@ absl::StatusOr<QueryInput> QueryRunner::ResolveInput(const QuerySpec& spec,
   QueryInput input;
   if (!spec.prefix_ids.empty()) {
     // After the context check, so a refused query stores nothing.
-    absl::StatusOr<ResolvedPrefix> prefix = resolver_->ResolvePrefix(spec.prefix_ids);
+    absl::StatusOr<ResolvedPrefix> prefix =
+        resolver_->ResolvePrefix(spec.prefix_ids, spec.prefix_store);
     if (!prefix.ok()) return prefix.status();
     input.prefix_ids = spec.prefix_ids;
     input.prefix_kv = prefix->kv;

@@ -44,6 +44,8 @@ struct QuerySpec {
   // Text before the chunks (system prompt + chat header); "" = none (then
   // [BOS] precedes the chunks in kBos mode). Special tokens parsed.
   std::string prefix;
+  // When a prefix the store lacks is written (ChunkResolver::ResolvePrefix).
+  PrefixStorePolicy prefix_store = PrefixStorePolicy::kAlways;
   // Special-token spellings in the question (and chunk texts: ChunkRef) are
   // special tokens; false: plain text. The template's always are.
   bool parse_special = false;

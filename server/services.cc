@@ -198,6 +198,21 @@ grpc::Status ToSpec(const ServiceDeps& d, const v1::QueryRequest& req, ChunkPoli
   }
   if (!IsValidUtf8(req.prefix())) return Invalid("prefix: not valid UTF-8");
   spec->prefix = req.prefix();  // limits: QueryRunner::Prepare, before queueing
+  switch (req.prefix_store()) {
+    case v1::PREFIX_STORE_UNSPECIFIED:
+    case v1::PREFIX_STORE_ALWAYS:
+      spec->prefix_store = PrefixStorePolicy::kAlways;
+      break;
+    case v1::PREFIX_STORE_REPEATED:
+      spec->prefix_store = PrefixStorePolicy::kRepeated;
+      break;
+    case v1::PREFIX_STORE_NEVER:
+      spec->prefix_store = PrefixStorePolicy::kNever;
+      break;
+    default:
+      return Invalid(
+          absl::StrCat("prefix_store: unknown value ", static_cast<int>(req.prefix_store())));
+  }
   spec->parse_special = req.parse_special();
   if (req.question().empty()) return Invalid("question: required");
   if (!IsValidUtf8(req.question())) return Invalid("question: not valid UTF-8");
@@ -252,7 +267,8 @@ grpc::Status ToSpec(const ServiceDeps& d, const v1::QueryRequest& req, ChunkPoli
     return Invalid(absl::StrCat("min_new_tokens: ", req.min_new_tokens(), " outside [0, ",
                                 spec->max_new_tokens, "] (max_new_tokens)"));
   }
-  spec->min_new_tokens = req.min_new_tokens();
+  // vLLM's ignore_eos: no stop id ends the answer before max_new_tokens.
+  spec->min_new_tokens = req.ignore_eos() ? spec->max_new_tokens : req.min_new_tokens();
   if (req.stop_size() > kMaxStopStrings) {
     return Invalid(
         absl::StrCat("stop: ", req.stop_size(), " stop strings, at most ", kMaxStopStrings));

@@ -181,9 +181,9 @@ absl::Status ParseMessages(const json& body, std::vector<ChatMessage>* out) {
 
 absl::Status ParseExtension(const json& ext, v1::QueryRequest* q, bool* report, bool* has_chunks) {
   if (!ext.is_object()) return Bad("infoflow", "expected an object");
-  static const char* const kKeys[] = {"method", "ratio", "reorder", "chunks", "report",
-                                      "prefix_mode", "scoring_layers", "lego_k", "deviation",
-                                      "stop_ids", "parse_special"};
+  static const char* const kKeys[] = {"method",    "ratio",       "reorder",        "chunks",
+                                      "report",    "prefix_mode", "scoring_layers", "lego_k",
+                                      "deviation", "stop_ids",    "parse_special",  "store_prefix"};
   for (const auto& [key, value] : ext.items()) {
     bool known = false;
     for (const char* k : kKeys) known = known || key == k;
@@ -217,6 +217,20 @@ absl::Status ParseExtension(const json& ext, v1::QueryRequest* q, bool* report, 
   }
   q->set_parse_special(flag);
   if (!GetBool(ext, "report", report).ok()) return Bad("infoflow.report", "expected true or false");
+  std::string store;
+  if (!GetString(ext, "store_prefix", &store).ok()) {
+    return Bad("infoflow.store_prefix", "expected \"always\", \"repeated\" or \"never\"");
+  }
+  store = absl::AsciiStrToLower(store);
+  if (store == "always") {
+    q->set_prefix_store(v1::PREFIX_STORE_ALWAYS);
+  } else if (store == "repeated") {
+    q->set_prefix_store(v1::PREFIX_STORE_REPEATED);
+  } else if (store == "never") {
+    q->set_prefix_store(v1::PREFIX_STORE_NEVER);
+  } else if (!store.empty()) {
+    return Bad("infoflow.store_prefix", "expected \"always\", \"repeated\" or \"never\"");
+  }
   std::string mode;
   if (!GetString(ext, "prefix_mode", &mode).ok()) return Bad("infoflow.prefix_mode", "expected a string");
   mode = absl::AsciiStrToLower(mode);
@@ -339,10 +353,18 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, Endpoint
                                             std::random_device{}());
   if (absl::Status s = ParseStop(doc, &q); !s.ok()) return s;
 
+  bool ignore_eos = false;  // vLLM's extension
+  if (absl::Status s = GetBool(doc, "ignore_eos", &ignore_eos); !s.ok()) return s;
+  q.set_ignore_eos(ignore_eos);
+
   bool has_chunks = false;
   if (const json* ext = Field(doc, "infoflow")) {
     if (absl::Status s = ParseExtension(*ext, &q, &r.report, &has_chunks); !s.ok()) return s;
   }
+  // A chat's history is in its prefix, and the next turn's prefix extends
+  // it: unless told, such a prefix is stored only when it comes again (few-shot
+  // turns); a system prompt alone, or a completion's prefix, at once.
+  bool history = false;
   absl::StatusOr<BlendPrompt> prompt = absl::UnknownError("");
   if (endpoint == Endpoint::kCompletions) {
     if (Field(doc, "messages")) return Bad("messages", "use POST /v1/chat/completions for messages");
@@ -358,12 +380,17 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, Endpoint
     std::vector<ChatMessage> messages;
     if (absl::Status s = ParseMessages(doc, &messages); !s.ok()) return s;
     prompt = RenderChat(messages, ctx.chat_format, ctx.separator, has_chunks);
+    const bool leading_system = messages[0].role == "system" || messages[0].role == "developer";
+    history = messages.size() > (leading_system ? 2u : 1u);
   }
   if (!prompt.ok()) return prompt.status();
   q.set_prefix(prompt->prefix);
   for (const std::string& c : prompt->chunks) q.add_chunks()->set_text(c);
   q.set_question(prompt->question);
   q.set_prompt_template(prompt->prompt_template);
+  if (history && q.prefix_store() == v1::PREFIX_STORE_UNSPECIFIED) {
+    q.set_prefix_store(v1::PREFIX_STORE_REPEATED);
+  }
   q.set_return_report(true);  // the outcome feeds usage; `report` decides what is shown
   return r;
 }

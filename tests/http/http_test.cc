@@ -248,6 +248,60 @@ TEST(OpenAiRequest, TranslatesTheBlendConventionIntoAQueryRequest) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->query.chunks(0).key(), "ab");
   EXPECT_EQ(r->query.chunks(1).text(), "T");
+  EXPECT_FALSE(r->query.ignore_eos());
+  // A completion's prefix is the user's to reuse: the gRPC default.
+  EXPECT_EQ(r->query.prefix_store(), v1::PREFIX_STORE_UNSPECIFIED);
+
+  r = ParseOpenAiRequest(R"({"model": "m", "prompt": "Q", "ignore_eos": true})",
+                         Endpoint::kCompletions, Ctx());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->query.ignore_eos());
+}
+
+// A chat's history is in its prefix, and the next turn's prefix extends it:
+// by default a prefix with history is stored only when it comes again; a
+// system prompt alone at once (the gRPC default); infoflow.store_prefix says
+// otherwise either way.
+TEST(OpenAiRequest, AChatWithHistoryStoresItsPrefixWhenRepeated) {
+  struct Case {
+    const char* messages;
+    const char* extension;
+    v1::PrefixStore want;
+  };
+  const Case cases[] = {
+      {R"([{"role": "user", "content": "Q"}])", "", v1::PREFIX_STORE_UNSPECIFIED},
+      {R"([{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}])", "",
+       v1::PREFIX_STORE_UNSPECIFIED},
+      {R"([{"role": "developer", "content": "S"}, {"role": "user", "content": "Q"}])", "",
+       v1::PREFIX_STORE_UNSPECIFIED},
+      {R"([{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
+           {"role": "user", "content": "Q"}])",
+       "", v1::PREFIX_STORE_REPEATED},
+      {R"([{"role": "system", "content": "S"}, {"role": "user", "content": "u"},
+           {"role": "assistant", "content": "a"}, {"role": "user", "content": "P # # C # # Q"}])",
+       "", v1::PREFIX_STORE_REPEATED},
+      {R"([{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
+           {"role": "user", "content": "Q"}])",
+       R"(, "infoflow": {"store_prefix": "always"})", v1::PREFIX_STORE_ALWAYS},
+      {R"([{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}])",
+       R"(, "infoflow": {"store_prefix": "Never"})", v1::PREFIX_STORE_NEVER},
+  };
+  for (const Case& c : cases) {
+    const std::string body =
+        absl::StrCat(R"({"model": "m", "messages": )", c.messages, c.extension, "}");
+    absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(body, Endpoint::kChatCompletions, Ctx());
+    ASSERT_TRUE(r.ok()) << body << " -> " << r.status();
+    EXPECT_EQ(r->query.prefix_store(), c.want) << body;
+  }
+  for (const char* bad_value : {R"("sometimes")", "true"}) {
+    const std::string body = absl::StrCat(
+        R"({"model": "m", "prompt": "Q", "infoflow": {"store_prefix": )", bad_value, "}}");
+    absl::StatusOr<OpenAiRequest> bad = ParseOpenAiRequest(body, Endpoint::kCompletions, Ctx());
+    EXPECT_EQ(ErrorFromStatus(bad.status()).param, "infoflow.store_prefix") << bad.status();
+  }
+  absl::StatusOr<OpenAiRequest> bad = ParseOpenAiRequest(
+      R"({"model": "m", "prompt": "Q", "ignore_eos": 1})", Endpoint::kCompletions, Ctx());
+  EXPECT_EQ(ErrorFromStatus(bad.status()).param, "ignore_eos") << bad.status();
 }
 
 TEST(OpenAiRequest, RefusesBadBodiesNamingTheField) {
@@ -734,6 +788,96 @@ TEST_F(HttpServerTest, APromptWithoutChunksIsAPlainPrompt) {
   GrpcText(*srv_, none, &status);
   EXPECT_EQ(status.error_code(), grpc::INVALID_ARGUMENT);
   EXPECT_NE(status.error_message().find("chunks: at least one chunk"), std::string::npos);
+}
+
+// A multi-turn chat's prefix (its history) is stored only the second time
+// it comes: a conversation's turns each leave nothing behind, few-shot turns
+// repeated as is are stored once seen twice. The answer is the same whether
+// the prefix was prefilled now or read from the store. "never" and "always"
+// do what they say; a system prompt alone is stored at once.
+TEST_F(HttpServerTest, AChatsHistoryIsStoredOnlyWhenItComesAgain) {
+  StartServer();
+  auto history = [](const std::string& first_turn) {
+    return json{{{"role", "user"}, {"content", first_turn}},
+                {{"role", "assistant"}, {"content", "Noted."}},
+                {{"role", "user"}, {"content", "Where does Arthur Tanaka live?"}}};
+  };
+  auto ask = [&](const json& messages, const json& extension) {
+    json body = {{"model", "infoflow-tiny"},
+                 {"messages", messages},
+                 {"max_tokens", 8},
+                 {"temperature", 0},
+                 {"infoflow", extension}};
+    body["infoflow"]["report"] = true;
+    httplib::Result r = Post("/v1/chat/completions", body.dump());
+    EXPECT_TRUE(r);
+    if (!r) return json();
+    EXPECT_EQ(r->status, 200) << r->body;
+    return json::parse(r->body);
+  };
+  auto cached = [](const json& a) { return a["infoflow"]["prefix_cached"].get<bool>(); };
+
+  const json turns = history("Arthur Tanaka lives in Paris.");
+  const json first = ask(turns, json::object());   // prefilled, remembered
+  const json second = ask(turns, json::object());  // prefilled, stored
+  const json third = ask(turns, json::object());   // read
+  EXPECT_FALSE(cached(first));
+  EXPECT_FALSE(cached(second));
+  EXPECT_TRUE(cached(third));
+  EXPECT_EQ(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_GT(third["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  const std::string answer = first["choices"][0]["message"]["content"];
+  EXPECT_EQ(second["choices"][0]["message"]["content"], answer);
+  EXPECT_EQ(third["choices"][0]["message"]["content"], answer);
+
+  const json other = history("Maria Lopez owns a red boat.");
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(cached(ask(other, {{"store_prefix", "never"}})));
+  const json kept = history("Li Wei plays the cello.");
+  EXPECT_FALSE(cached(ask(kept, {{"store_prefix", "always"}})));
+  EXPECT_TRUE(cached(ask(kept, json::object())));
+
+  const json system = {{{"role", "system"}, {"content", "You answer briefly."}},
+                       {{"role", "user"}, {"content", "Where does Arthur Tanaka live?"}}};
+  EXPECT_FALSE(cached(ask(system, json::object())));
+  EXPECT_TRUE(cached(ask(system, json::object())));
+}
+
+// ignore_eos (vLLM's): the stop ids are masked until max_tokens. With the
+// greedy first token as a stop id the answer is empty; with ignore_eos it
+// runs to max_tokens.
+TEST_F(HttpServerTest, IgnoreEosRunsToMaxTokens) {
+  StartServer();
+  v1::QueryRequest req;
+  req.add_chunks()->set_text("Arthur Tanaka lives in Paris.");
+  req.set_question("Where does Arthur Tanaka live?");
+  req.set_prompt_template("{question}");  // as the HTTP API's
+  req.set_prefix_mode(v1::PREFIX_MODE_BOS);
+  req.set_max_new_tokens(1);
+  auto stub = v1::Query::NewStub(srv_->channel());
+  grpc::ClientContext ctx;
+  auto reader = stub->Query(&ctx, req);
+  int32_t first = -1;
+  for (v1::QueryResponse msg; reader->Read(&msg);) {
+    if (msg.has_token()) first = msg.token().id();
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_GE(first, 0);
+  for (bool ignore : {false, true}) {
+    SCOPED_TRACE(ignore);
+    json body = {
+        {"model", "infoflow-tiny"},
+        {"prompt", " # # Arthur Tanaka lives in Paris. # # Where does Arthur Tanaka live?"},
+        {"max_tokens", 5},
+        {"temperature", 0},
+        {"ignore_eos", ignore},
+        {"infoflow", {{"stop_ids", {first}}, {"prefix_mode", "bos"}}}};
+    httplib::Result r = Post("/v1/completions", body.dump());
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json a = json::parse(r->body);
+    EXPECT_EQ(a["usage"]["completion_tokens"], ignore ? 5 : 0);
+    EXPECT_EQ(a["choices"][0]["finish_reason"], ignore ? "length" : "stop");
+  }
 }
 
 // A model directory with a chat template in tokenizer_config.json: auto

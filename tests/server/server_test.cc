@@ -790,6 +790,16 @@ TEST_F(ServerTest, BadInputsGetTheirStatusAndServerStaysUsable) {
       {"unknown deviation",
        [](v1::QueryRequest* r) { r->set_deviation(static_cast<v1::Deviation>(9)); },
        grpc::INVALID_ARGUMENT, "deviation"},
+      {"unknown prefix_store",
+       [](v1::QueryRequest* r) { r->set_prefix_store(static_cast<v1::PrefixStore>(7)); },
+       grpc::INVALID_ARGUMENT, "prefix_store"},
+      {"min_new_tokens over max_new_tokens beside ignore_eos",
+       [](v1::QueryRequest* r) {
+         r->set_max_new_tokens(8);
+         r->set_min_new_tokens(9);
+         r->set_ignore_eos(true);
+       },
+       grpc::INVALID_ARGUMENT, "min_new_tokens"},
       {"malformed key", [](v1::QueryRequest* r) { r->add_chunks()->set_key("xyz"); },
        grpc::INVALID_ARGUMENT, "chunks[3].key"},
       {"missing key", [absent](v1::QueryRequest* r) { r->add_chunks()->set_key(absent); },
