@@ -103,32 +103,40 @@ absl::Status QueryRunner::Prepare(QuerySpec* spec) const {
       }
     }
   }
-  const int64_t limit = limits_.max_prompt_tokens;
+  // A query without chunks (a plain prompt over the HTTP API) has no
+  // context: the context's budget goes to its prompt, which is prefilled
+  // whole as FULL would prefill that many context tokens.
+  const bool plain = spec->chunks.empty();
+  const int64_t limit =
+      limits_.max_prompt_tokens + (plain ? limits_.max_context_tokens : int64_t{0});
+  const std::string flags =
+      plain ? absl::StrCat("--max-prompt-tokens ", limits_.max_prompt_tokens,
+                           " + --max-context-tokens ", limits_.max_context_tokens,
+                           ", a prompt without chunks")
+            : absl::StrCat("--max-prompt-tokens ", limit);
   const uint64_t byte_limit = static_cast<uint64_t>(limit) * kMaxBytesPerToken;
   if (spec->question.size() > byte_limit) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "question: ", spec->question.size(), " bytes, more than ", limit,
-        " tokens can hold (--max-prompt-tokens ", limit, ", ", kMaxBytesPerToken,
-        " bytes per token)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("question: ", spec->question.size(), " bytes, more than ", limit,
+                     " tokens can hold (", flags, "; ", kMaxBytesPerToken, " bytes per token)"));
   }
   const uint64_t rendered = RenderedPromptBytes(spec->prompt_template, spec->question);
   if (rendered > byte_limit) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prompt_template: the prompt expands to ", rendered, " bytes with the question, more than ",
-        limit, " tokens can hold (--max-prompt-tokens ", limit, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("prompt_template: the prompt expands to ",
+                                                   rendered, " bytes with the question, more than ",
+                                                   limit, " tokens can hold (", flags, ")"));
   }
   spec->question_ids = tokenizer_->EncodePieces({{spec->question, spec->parse_special}});
   if (static_cast<int64_t>(spec->question_ids.size()) > limit) {
     return absl::InvalidArgumentError(absl::StrCat("question: ", spec->question_ids.size(),
-                                                   " tokens, limit is ", limit,
-                                                   " (--max-prompt-tokens)"));
+                                                   " tokens, limit is ", limit, " (", flags, ")"));
   }
   spec->prompt_ids = tokenizer_->EncodePieces(
       RenderPromptPieces(spec->prompt_template, spec->question, spec->parse_special));
   if (static_cast<int64_t>(spec->prompt_ids.size()) > limit) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prompt_template: the rendered prompt has ", spec->prompt_ids.size(),
-                     " tokens, limit is ", limit, " (--max-prompt-tokens)"));
+    return absl::InvalidArgumentError(absl::StrCat("prompt_template: the rendered prompt has ",
+                                                   spec->prompt_ids.size(), " tokens, limit is ",
+                                                   limit, " (", flags, ")"));
   }
   return absl::OkStatus();
 }

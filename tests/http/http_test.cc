@@ -880,6 +880,43 @@ TEST_F(HttpServerTest, IgnoreEosRunsToMaxTokens) {
   }
 }
 
+// A prompt without chunks has no context, so the context's budget goes to
+// it: with --max-prompt-tokens 64 and --max-context-tokens 200 a plain
+// prompt of ~200 tokens is served (prefilled whole) while the same text as a
+// blend question is refused, and a plain prompt past 264 tokens is refused
+// naming both flags.
+TEST_F(HttpServerTest, APlainPromptHasTheContextsBudget) {
+  StartServer({"--max-prompt-tokens=64", "--max-context-tokens=200"});
+  auto words = [](int n) {
+    std::string text;
+    for (int i = 0; i < n; ++i) text += i % 2 == 0 ? " lamp" : " river";
+    return text;
+  };
+  auto complete = [&](const std::string& prompt) {
+    return Post(
+        "/v1/completions",
+        json{{"model", "infoflow-tiny"}, {"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0}}
+            .dump());
+  };
+  httplib::Result served = complete(words(100));  // two tokens a word
+  ASSERT_TRUE(served);
+  ASSERT_EQ(served->status, 200) << served->body;
+  const int prompt_tokens = json::parse(served->body)["usage"]["prompt_tokens"];
+  EXPECT_GT(prompt_tokens, 64);
+  EXPECT_LE(prompt_tokens, 264);
+
+  httplib::Result blend = complete(" # # a chunk # # " + words(100));
+  ASSERT_TRUE(blend);
+  EXPECT_EQ(blend->status, 400) << blend->body;
+  EXPECT_NE(blend->body.find("--max-prompt-tokens 64)"), std::string::npos) << blend->body;
+
+  httplib::Result over = complete(words(400));
+  ASSERT_TRUE(over);
+  EXPECT_EQ(over->status, 400) << over->body;
+  EXPECT_NE(over->body.find("--max-prompt-tokens 64 + --max-context-tokens 200"), std::string::npos)
+      << over->body;
+}
+
 // A model directory with a chat template in tokenizer_config.json: auto
 // picks it, chat requests are rendered by it (here it prints the user's
 // content, so the answer equals the completion's), its raise_exception is a
