@@ -80,20 +80,31 @@ std::shared_ptr<const ChunkKv> QueryRunner::BosKv() const {
 }
 
 absl::Status QueryRunner::Prepare(QuerySpec* spec) const {
+  // A query without chunks (a plain prompt over the HTTP API) has no
+  // context: the context's budget goes to its prefix (a chat's history) and
+  // what the prefix leaves to its prompt, prefilled whole as FULL would
+  // prefill that many context tokens.
+  const bool plain = spec->chunks.empty();
+  const int64_t context_budget = limits_.max_context_tokens;
+  int64_t spare = plain ? context_budget : 0;
   spec->prefix_ids.clear();
   if (!spec->prefix.empty()) {
-    const int64_t prefix_limit = limits_.max_prefix_tokens;
+    const int64_t prefix_limit = limits_.max_prefix_tokens + spare;
+    const std::string flags =
+        plain
+            ? absl::StrCat("--max-prefix-tokens ", limits_.max_prefix_tokens,
+                           " + --max-context-tokens ", context_budget, ", a prompt without chunks")
+            : absl::StrCat("--max-prefix-tokens ", prefix_limit);
     if (spec->prefix.size() > static_cast<uint64_t>(prefix_limit) * kMaxBytesPerToken) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "prefix: ", spec->prefix.size(), " bytes, more than ", prefix_limit,
-          " tokens can hold (--max-prefix-tokens ", prefix_limit, ", ", kMaxBytesPerToken,
-          " bytes per token)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("prefix: ", spec->prefix.size(), " bytes, more than ", prefix_limit,
+                       " tokens can hold (", flags, "; ", kMaxBytesPerToken, " bytes per token)"));
     }
     spec->prefix_ids = tokenizer_->EncodePieces({{spec->prefix, true}});
-    if (static_cast<int64_t>(spec->prefix_ids.size()) > prefix_limit) {
-      return absl::InvalidArgumentError(absl::StrCat("prefix: ", spec->prefix_ids.size(),
-                                                     " tokens, limit is ", prefix_limit,
-                                                     " (--max-prefix-tokens)"));
+    const int64_t n = static_cast<int64_t>(spec->prefix_ids.size());
+    if (n > prefix_limit) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prefix: ", n, " tokens, limit is ", prefix_limit, " (", flags, ")"));
     }
     for (int32_t id : spec->prefix_ids) {
       if (id < 0 || id >= model_->config().vocab_size) {
@@ -102,18 +113,17 @@ absl::Status QueryRunner::Prepare(QuerySpec* spec) const {
             model_->config().vocab_size));
       }
     }
+    spare -= std::max<int64_t>(0, n - limits_.max_prefix_tokens);
   }
-  // A query without chunks (a plain prompt over the HTTP API) has no
-  // context: the context's budget goes to its prompt, which is prefilled
-  // whole as FULL would prefill that many context tokens.
-  const bool plain = spec->chunks.empty();
-  const int64_t limit =
-      limits_.max_prompt_tokens + (plain ? limits_.max_context_tokens : int64_t{0});
-  const std::string flags =
-      plain ? absl::StrCat("--max-prompt-tokens ", limits_.max_prompt_tokens,
-                           " + --max-context-tokens ", limits_.max_context_tokens,
-                           ", a prompt without chunks")
-            : absl::StrCat("--max-prompt-tokens ", limit);
+  const int64_t limit = limits_.max_prompt_tokens + spare;
+  std::string flags = absl::StrCat("--max-prompt-tokens ", limits_.max_prompt_tokens);
+  if (plain && spare == context_budget) {
+    absl::StrAppend(&flags, " + --max-context-tokens ", context_budget,
+                    ", a prompt without chunks");
+  } else if (plain) {
+    absl::StrAppend(&flags, " + the ", spare, " of --max-context-tokens ", context_budget,
+                    " that the prefix left, a prompt without chunks");
+  }
   const uint64_t byte_limit = static_cast<uint64_t>(limit) * kMaxBytesPerToken;
   if (spec->question.size() > byte_limit) {
     return absl::InvalidArgumentError(

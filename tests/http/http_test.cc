@@ -881,12 +881,14 @@ TEST_F(HttpServerTest, IgnoreEosRunsToMaxTokens) {
 }
 
 // A prompt without chunks has no context, so the context's budget goes to
-// it: with --max-prompt-tokens 64 and --max-context-tokens 200 a plain
-// prompt of ~200 tokens is served (prefilled whole) while the same text as a
-// blend question is refused, and a plain prompt past 264 tokens is refused
-// naming both flags.
+// its prefix and then to its prompt. With --max-prompt-tokens 64,
+// --max-prefix-tokens 64 and --max-context-tokens 200: a plain prompt of
+// ~200 tokens is served (prefilled whole) while the same text as a blend
+// question is refused; past 264 tokens it is refused naming both flags. A
+// chat whose history is ~200 tokens is served; its prefix leaves the
+// prompt less than 264, so a long last message is then refused.
 TEST_F(HttpServerTest, APlainPromptHasTheContextsBudget) {
-  StartServer({"--max-prompt-tokens=64", "--max-context-tokens=200"});
+  StartServer({"--max-prompt-tokens=64", "--max-prefix-tokens=64", "--max-context-tokens=200"});
   auto words = [](int n) {
     std::string text;
     for (int i = 0; i < n; ++i) text += i % 2 == 0 ? " lamp" : " river";
@@ -908,13 +910,30 @@ TEST_F(HttpServerTest, APlainPromptHasTheContextsBudget) {
   httplib::Result blend = complete(" # # a chunk # # " + words(100));
   ASSERT_TRUE(blend);
   EXPECT_EQ(blend->status, 400) << blend->body;
-  EXPECT_NE(blend->body.find("--max-prompt-tokens 64)"), std::string::npos) << blend->body;
+  EXPECT_NE(blend->body.find("(--max-prompt-tokens 64)"), std::string::npos) << blend->body;
 
   httplib::Result over = complete(words(400));
   ASSERT_TRUE(over);
   EXPECT_EQ(over->status, 400) << over->body;
   EXPECT_NE(over->body.find("--max-prompt-tokens 64 + --max-context-tokens 200"), std::string::npos)
       << over->body;
+
+  auto chat = [&](const std::string& last) {
+    const json messages = {{{"role", "user"}, {"content", words(100)}},
+                           {{"role", "assistant"}, {"content", "Noted."}},
+                           {{"role", "user"}, {"content", last}}};
+    return Post("/v1/chat/completions",
+                json{{"model", "infoflow-tiny"}, {"messages", messages}, {"max_tokens", 4}}.dump());
+  };
+  httplib::Result long_history = chat("Which word came first?");
+  ASSERT_TRUE(long_history);
+  EXPECT_EQ(long_history->status, 200) << long_history->body;
+  httplib::Result both_long = chat(words(100));  // fits 264 alone, not beside the history
+  ASSERT_TRUE(both_long);
+  EXPECT_EQ(both_long->status, 400) << both_long->body;
+  EXPECT_NE(both_long->body.find("of --max-context-tokens 200 that the prefix left"),
+            std::string::npos)
+      << both_long->body;
 }
 
 // A model directory with a chat template in tokenizer_config.json: auto
