@@ -466,13 +466,16 @@ TEST(BadInputTest, MalformedRequestsGetTheirCodeAndServerStaysHealthy) {
   EXPECT_GE(n_cases, 20);
   std::printf("heap in use %lld KiB before the last pass, %lld after it\n",
               static_cast<long long>(heap_warm), static_cast<long long>(heap_after));
-  // A leak grows the heap in use: keeping the two 65 MiB messages of a pass
-  // would add 130 MiB. Healthy runs move it by -15..+15 MiB (gRPC's read
-  // buffers follow the traffic; 10 runs, 48-66 MiB in use). RSS also counts
+  // A leak grows the heap in use: keeping even one of a pass's two 65 MiB
+  // messages would add 65 MiB. Healthy runs move it by -15..+15 MiB (gRPC's
+  // read buffers follow the traffic; 10 runs, 48-66 MiB in use), and under
+  // ctest -j2 a reading now and then holds a further ~47-50 MiB for seconds
+  // (seen before the last pass: 95 MiB; and once after it, through the whole
+  // 5 s settle: +49.4 MiB); hence 60 MiB, under one message. RSS also counts
   // freed pages the allocator could not hand back (partly used pages), which
   // varied by up to 60 MiB between healthy runs, so it gets the coarse bound.
   ASSERT_GT(heap_warm, 0) << "no infoflow_process_heap_bytes on /metrics";
-  EXPECT_LT(heap_after - heap_warm, 48 * 1024)
+  EXPECT_LT(heap_after - heap_warm, 60 * 1024)
       << "heap in use grew from " << heap_warm << " to " << heap_after << " KiB over the last pass";
   EXPECT_LT(rss_after - rss_warm, 128 * 1024)
       << "RSS grew from " << rss_warm << " to " << rss_after << " KiB over the last pass";
