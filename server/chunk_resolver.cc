@@ -133,31 +133,34 @@ absl::StatusOr<ResolvedPrefix> ChunkResolver::ResolvePrefix(const std::vector<in
                                                             PrefixStorePolicy policy) const {
   const KvCodec lossless;  // raw
   const store::ChunkKey key = ChunkKeyFor(*model_, ids, PrefixMode::kNone, lossless);
-  auto compute = [&]() -> absl::StatusOr<std::string> {
-    absl::StatusOr<ChunkKv> kv = PrefillChunk(*model_, ids, PrefixMode::kNone);
-    if (!kv.ok()) return kv.status();
-    return EncodeChunkRecord(*model_, *kv, PrefixMode::kNone, lossless);
-  };
   ResolvedPrefix out;
   out.key_hex = key.Hex();
   absl::StatusOr<store::GetResult> res = absl::UnknownError("");
-  if (policy == PrefixStorePolicy::kAlways) {
-    res = store_->GetOrCompute(key, compute);
-  } else {
+  bool found = false;
+  if (policy != PrefixStorePolicy::kAlways) {
+    // Look first; a miss is stored only under kRepeated, seen before.
     res = store_->Get(key);
-    if (res.ok() && res->status != store::GetStatus::kFound) {
-      if (policy == PrefixStorePolicy::kRepeated && SeenBefore(out.key_hex)) {
-        res = store_->GetOrCompute(key, compute, /*just_missed=*/true);
-      } else {
-        // Prefilled for this query only: no record, no RAM-tier entry.
-        absl::StatusOr<ChunkKv> kv = PrefillChunk(*model_, ids, PrefixMode::kNone);
-        if (!kv.ok()) return kv.status();
-        out.kv = std::make_shared<const ChunkKv>(*std::move(kv));
-        return out;
-      }
+    if (!res.ok()) return res.status();
+    found = res->status == store::GetStatus::kFound;
+    if (!found && !(policy == PrefixStorePolicy::kRepeated && SeenBefore(out.key_hex))) {
+      // Prefilled for this query only: no record, no RAM-tier entry.
+      absl::StatusOr<ChunkKv> kv = PrefillChunk(*model_, ids, PrefixMode::kNone);
+      if (!kv.ok()) return kv.status();
+      out.kv = std::make_shared<const ChunkKv>(*std::move(kv));
+      return out;
     }
   }
-  if (!res.ok()) return res.status();
+  if (!found) {  // kAlways looks inside GetOrCompute
+    res = store_->GetOrCompute(
+        key,
+        [&]() -> absl::StatusOr<std::string> {
+          absl::StatusOr<ChunkKv> kv = PrefillChunk(*model_, ids, PrefixMode::kNone);
+          if (!kv.ok()) return kv.status();
+          return EncodeChunkRecord(*model_, *kv, PrefixMode::kNone, lossless);
+        },
+        /*just_missed=*/policy != PrefixStorePolicy::kAlways);
+    if (!res.ok()) return res.status();
+  }
   absl::StatusOr<std::shared_ptr<const ChunkKv>> kv =
       DecodeChunkRecord(*model_, res->value->record(), PrefixMode::kNone, res->value);
   if (!kv.ok()) {

@@ -90,21 +90,23 @@ absl::Status QueryRunner::Prepare(QuerySpec* spec) const {
   spec->prefix_ids.clear();
   if (!spec->prefix.empty()) {
     const int64_t prefix_limit = limits_.max_prefix_tokens + spare;
-    const std::string flags =
-        plain
-            ? absl::StrCat("--max-prefix-tokens ", limits_.max_prefix_tokens,
-                           " + --max-context-tokens ", context_budget, ", a prompt without chunks")
-            : absl::StrCat("--max-prefix-tokens ", prefix_limit);
+    // The flags behind the limit, for a refusal's message (built only then).
+    auto flags = [&] {
+      return plain ? absl::StrCat("--max-prefix-tokens ", limits_.max_prefix_tokens,
+                                  " + --max-context-tokens ", context_budget,
+                                  ", a prompt without chunks")
+                   : absl::StrCat("--max-prefix-tokens ", prefix_limit);
+    };
     if (spec->prefix.size() > static_cast<uint64_t>(prefix_limit) * kMaxBytesPerToken) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prefix: ", spec->prefix.size(), " bytes, more than ", prefix_limit,
-                       " tokens can hold (", flags, "; ", kMaxBytesPerToken, " bytes per token)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prefix: ", spec->prefix.size(), " bytes, more than ", prefix_limit, " tokens can hold (",
+          flags(), "; ", kMaxBytesPerToken, " bytes per token)"));
     }
     spec->prefix_ids = tokenizer_->EncodePieces({{spec->prefix, true}});
     const int64_t n = static_cast<int64_t>(spec->prefix_ids.size());
     if (n > prefix_limit) {
       return absl::InvalidArgumentError(
-          absl::StrCat("prefix: ", n, " tokens, limit is ", prefix_limit, " (", flags, ")"));
+          absl::StrCat("prefix: ", n, " tokens, limit is ", prefix_limit, " (", flags(), ")"));
     }
     for (int32_t id : spec->prefix_ids) {
       if (id < 0 || id >= model_->config().vocab_size) {
@@ -116,37 +118,39 @@ absl::Status QueryRunner::Prepare(QuerySpec* spec) const {
     spare -= std::max<int64_t>(0, n - limits_.max_prefix_tokens);
   }
   const int64_t limit = limits_.max_prompt_tokens + spare;
-  std::string flags = absl::StrCat("--max-prompt-tokens ", limits_.max_prompt_tokens);
-  if (plain && spare == context_budget) {
-    absl::StrAppend(&flags, " + --max-context-tokens ", context_budget,
-                    ", a prompt without chunks");
-  } else if (plain) {
-    absl::StrAppend(&flags, " + the ", spare, " of --max-context-tokens ", context_budget,
-                    " that the prefix left, a prompt without chunks");
-  }
+  auto flags = [&] {
+    std::string f = absl::StrCat("--max-prompt-tokens ", limits_.max_prompt_tokens);
+    if (plain && spare == context_budget) {
+      absl::StrAppend(&f, " + --max-context-tokens ", context_budget, ", a prompt without chunks");
+    } else if (plain) {
+      absl::StrAppend(&f, " + the ", spare, " of --max-context-tokens ", context_budget,
+                      " that the prefix left, a prompt without chunks");
+    }
+    return f;
+  };
   const uint64_t byte_limit = static_cast<uint64_t>(limit) * kMaxBytesPerToken;
   if (spec->question.size() > byte_limit) {
     return absl::InvalidArgumentError(
         absl::StrCat("question: ", spec->question.size(), " bytes, more than ", limit,
-                     " tokens can hold (", flags, "; ", kMaxBytesPerToken, " bytes per token)"));
+                     " tokens can hold (", flags(), "; ", kMaxBytesPerToken, " bytes per token)"));
   }
   const uint64_t rendered = RenderedPromptBytes(spec->prompt_template, spec->question);
   if (rendered > byte_limit) {
     return absl::InvalidArgumentError(absl::StrCat("prompt_template: the prompt expands to ",
                                                    rendered, " bytes with the question, more than ",
-                                                   limit, " tokens can hold (", flags, ")"));
+                                                   limit, " tokens can hold (", flags(), ")"));
   }
   spec->question_ids = tokenizer_->EncodePieces({{spec->question, spec->parse_special}});
   if (static_cast<int64_t>(spec->question_ids.size()) > limit) {
-    return absl::InvalidArgumentError(absl::StrCat("question: ", spec->question_ids.size(),
-                                                   " tokens, limit is ", limit, " (", flags, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "question: ", spec->question_ids.size(), " tokens, limit is ", limit, " (", flags(), ")"));
   }
   spec->prompt_ids = tokenizer_->EncodePieces(
       RenderPromptPieces(spec->prompt_template, spec->question, spec->parse_special));
   if (static_cast<int64_t>(spec->prompt_ids.size()) > limit) {
     return absl::InvalidArgumentError(absl::StrCat("prompt_template: the rendered prompt has ",
                                                    spec->prompt_ids.size(), " tokens, limit is ",
-                                                   limit, " (", flags, ")"));
+                                                   limit, " (", flags(), ")"));
   }
   return absl::OkStatus();
 }
