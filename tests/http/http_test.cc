@@ -635,6 +635,14 @@ class HttpServerTest : public ::testing::Test {
     c.set_read_timeout(60);
     return c.Post(path.c_str(), headers, body, "application/json");
   }
+  // Posts `body` expecting a 200: its JSON, or null (with a failure) otherwise.
+  json PostOk(const std::string& path, const json& body) {
+    httplib::Result r = Post(path, body.dump());
+    EXPECT_TRUE(r) << path << ": no response";
+    if (!r) return json();
+    EXPECT_EQ(r->status, 200) << r->body;
+    return r->status == 200 ? json::parse(r->body) : json();
+  }
   // The server answers /health and a real query correctly.
   void ExpectServing(const std::string& expected_text) {
     httplib::Client c("127.0.0.1", port_);
@@ -809,18 +817,17 @@ TEST_F(HttpServerTest, AChatsHistoryIsStoredOnlyWhenItComesAgain) {
                  {"temperature", 0},
                  {"infoflow", extension}};
     body["infoflow"]["report"] = true;
-    httplib::Result r = Post("/v1/chat/completions", body.dump());
-    EXPECT_TRUE(r);
-    if (!r) return json();
-    EXPECT_EQ(r->status, 200) << r->body;
-    return json::parse(r->body);
+    return PostOk("/v1/chat/completions", body);
   };
-  auto cached = [](const json& a) { return a["infoflow"]["prefix_cached"].get<bool>(); };
+  auto cached = [](const json& a) {  // a failed ask has already failed the test
+    return a.is_object() && a["infoflow"]["prefix_cached"].get<bool>();
+  };
 
   const json turns = history("Arthur Tanaka lives in Paris.");
   const json first = ask(turns, json::object());   // prefilled, remembered
   const json second = ask(turns, json::object());  // prefilled, stored
   const json third = ask(turns, json::object());   // read
+  ASSERT_TRUE(first.is_object() && second.is_object() && third.is_object());
   EXPECT_FALSE(cached(first));
   EXPECT_FALSE(cached(second));
   EXPECT_TRUE(cached(third));
@@ -871,10 +878,8 @@ TEST_F(HttpServerTest, IgnoreEosRunsToMaxTokens) {
         {"temperature", 0},
         {"ignore_eos", ignore},
         {"infoflow", {{"stop_ids", {first}}, {"prefix_mode", "bos"}}}};
-    httplib::Result r = Post("/v1/completions", body.dump());
-    ASSERT_TRUE(r);
-    ASSERT_EQ(r->status, 200) << r->body;
-    const json a = json::parse(r->body);
+    const json a = PostOk("/v1/completions", body);
+    ASSERT_TRUE(a.is_object());
     EXPECT_EQ(a["usage"]["completion_tokens"], ignore ? 5 : 0);
     EXPECT_EQ(a["choices"][0]["finish_reason"], ignore ? "length" : "stop");
   }
