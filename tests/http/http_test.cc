@@ -766,31 +766,24 @@ TEST_F(HttpServerTest, APromptWithoutChunksIsAPlainPrompt) {
                  {"temperature", 0},
                  {"infoflow", {{"report", true}}}};
     if (*method != '\0') body["infoflow"]["method"] = method;
-    httplib::Result r = Post("/v1/completions", body.dump());
-    ASSERT_TRUE(r);
-    ASSERT_EQ(r->status, 200) << r->body;
-    const json a = json::parse(r->body);
+    const json a = PostOk("/v1/completions", body);
+    ASSERT_TRUE(a.is_object());
     EXPECT_EQ(a["choices"][0]["text"], want);
     EXPECT_EQ(a["infoflow"]["context_tokens"], 0);
     EXPECT_EQ(a["infoflow"]["recomputed_tokens"], 0);
   }
   // No separator at all: the question after BOS, as a completion or as the
   // one message of a chat (the plain format adds nothing around it).
-  httplib::Result bare = Post(
+  const json bare = PostOk(
       "/v1/completions",
-      json{{"model", "infoflow-tiny"}, {"prompt", question}, {"max_tokens", 12}, {"temperature", 0}}
-          .dump());
-  httplib::Result chat =
-      Post("/v1/chat/completions", json{{"model", "infoflow-tiny"},
-                                        {"messages", {{{"role", "user"}, {"content", question}}}},
-                                        {"max_tokens", 12},
-                                        {"temperature", 0}}
-                                       .dump());
-  ASSERT_TRUE(bare && chat);
-  ASSERT_EQ(bare->status, 200) << bare->body;
-  ASSERT_EQ(chat->status, 200) << chat->body;
-  EXPECT_EQ(json::parse(bare->body)["choices"][0]["text"],
-            json::parse(chat->body)["choices"][0]["message"]["content"]);
+      {{"model", "infoflow-tiny"}, {"prompt", question}, {"max_tokens", 12}, {"temperature", 0}});
+  const json chat =
+      PostOk("/v1/chat/completions", {{"model", "infoflow-tiny"},
+                                      {"messages", {{{"role", "user"}, {"content", question}}}},
+                                      {"max_tokens", 12},
+                                      {"temperature", 0}});
+  ASSERT_TRUE(bare.is_object() && chat.is_object());
+  EXPECT_EQ(bare["choices"][0]["text"], chat["choices"][0]["message"]["content"]);
   v1::QueryRequest none = as_chunk;
   none.clear_chunks();
   GrpcText(*srv_, none, &status);
