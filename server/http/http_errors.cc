@@ -1,8 +1,10 @@
 #include "server/http/http_errors.h"
 
 #include <cctype>
-
 #include <nlohmann/json.hpp>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace infoflow::server::http {
 namespace {
@@ -67,6 +69,54 @@ HttpError ErrorFromStatus(const grpc::Status& status) {
 HttpError ErrorFromStatus(const absl::Status& status) {
   // absl and gRPC share the canonical code numbers.
   return ErrorFromStatus(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+std::string BodyField(const OpenAiRequest& r, const std::string& query_field) {
+  const std::string pieces = r.endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
+  // The field's name up to its first index or member: "chunks" of "chunks[2].text".
+  const std::string name = query_field.substr(0, query_field.find_first_of("[."));
+  const std::string rest = query_field.substr(name.size());
+  if (name == "question" || name == "prefix" || name == "prompt_template") return pieces;
+  if (name == "chunks") return r.chunks_listed ? absl::StrCat("infoflow.", query_field) : pieces;
+  if (name == "max_new_tokens") return r.max_tokens_field;
+  if (name == "min_new_tokens") return "min_tokens";
+  if (query_field == "sampling.temperature") return "temperature";
+  if (query_field == "sampling.top_p") return "top_p";
+  if (name == "prefix_store") return absl::StrCat("infoflow.store_prefix", rest);
+  for (const char* ext : {"method", "ratio", "reorder", "lego_k", "deviation", "prefix_mode",
+                          "scoring_layers", "stop_ids"}) {
+    if (name == ext) return absl::StrCat("infoflow.", query_field);
+  }
+  return query_field;
+}
+
+HttpError QueryError(const OpenAiRequest& r, const grpc::Status& status) {
+  HttpError e = ErrorFromStatus(status);
+  const std::string pieces = r.endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
+  if (status.error_code() == grpc::StatusCode::OUT_OF_RANGE) {
+    // "chunks + prompt + max_new_tokens: <sum>": the prompt and the answer's
+    // room are too long together.
+    const size_t colon = e.message.find(": ");
+    if (colon != std::string::npos) {
+      e.message = absl::StrCat(pieces, " + ", r.max_tokens_field, e.message.substr(colon));
+    }
+    e.param = pieces;
+    e.code = "context_length_exceeded";
+    return e;
+  }
+  if (e.param.empty()) return e;
+  const std::string field = BodyField(r, e.param);
+  if (field == e.param) return e;
+  // The rest of the message, after "<query field>: ".
+  const std::string what = e.message.substr(e.param.size() + 2);
+  const bool piece = field == pieces;
+  if ((piece || absl::StartsWith(field, "infoflow.chunks")) && absl::StrContains(what, " tokens")) {
+    e.code = "context_length_exceeded";  // a piece over a token limit
+  }
+  e.message =
+      piece ? absl::StrCat(field, " (", e.param, "): ", what) : absl::StrCat(field, ": ", what);
+  e.param = field;
+  return e;
 }
 
 std::string ErrorBody(const HttpError& e) {

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "server/http/openai_request.h"
 
 namespace infoflow::server::http {
 
@@ -32,6 +33,28 @@ struct HttpError {
 HttpError ErrorFromStatus(grpc::StatusCode code, const std::string& message);
 HttpError ErrorFromStatus(const grpc::Status& status);
 HttpError ErrorFromStatus(const absl::Status& status);
+
+// The body field of `r` that a Query-path error's field stands for. The
+// Query path (PrepareQuery, ExecuteQuery) names QueryRequest's fields, which
+// an HTTP client never sent:
+//   question, prefix, prompt_template, chunks[i]... -> "prompt" (completions)
+//     or "messages" (chat), the pieces they were split from; chunks[i]... ->
+//     "infoflow.chunks[i]..." when the body listed its chunks there
+//   max_new_tokens -> max_tokens (or max_completion_tokens, as sent);
+//   min_new_tokens -> min_tokens; sampling.temperature -> temperature;
+//   sampling.top_p -> top_p; prefix_store -> infoflow.store_prefix;
+//   method, ratio, reorder, lego_k, deviation, prefix_mode, scoring_layers,
+//     stop_ids[i] -> infoflow.<same>
+// Anything else ("stop[1]", "model", "") is returned as is.
+std::string BodyField(const OpenAiRequest& r, const std::string& query_field);
+
+// A Query-path status as `r`'s client reads it: ErrorFromStatus, with
+// `param` the body's field (BodyField) and the message naming it first, the
+// Query field kept where it says which piece ("prompt (question): ...").
+// OpenAI's code "context_length_exceeded" (its answer to a prompt past the
+// context window, which clients act on) for OUT_OF_RANGE (past the model's
+// positions or --max-kv-bytes) and for a piece over a token limit.
+HttpError QueryError(const OpenAiRequest& r, const grpc::Status& status);
 
 // The OpenAI error JSON of `e` (one line, no trailing newline).
 std::string ErrorBody(const HttpError& e);

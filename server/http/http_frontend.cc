@@ -292,7 +292,7 @@ void HttpFrontend::Impl::HandleQuery(const httplib::Request& req, httplib::Respo
   auto spec = std::make_shared<QuerySpec>();
   // A prompt without the separator is a plain prompt (ChunkPolicy).
   if (grpc::Status s = PrepareQuery(*d, r->query, ChunkPolicy::kOptional, spec.get()); !s.ok()) {
-    SetError(res, ErrorFromStatus(s));
+    SetError(res, QueryError(*r, s));
     LogQuery(absl::StrCat("http=", req.path), r->query.chunks_size(), *spec, s,
              absl::UnknownError("not run"));
     return;
@@ -323,7 +323,7 @@ void HttpFrontend::Impl::Respond(const OpenAiRequest& r, const QuerySpec& spec,
   QueryRun run = ExecuteQuery(*d, spec, io);
   LogQuery(origin, r.query.chunks_size(), spec, run.status, run.outcome);
   if (!run.status.ok()) {
-    SetError(res, ErrorFromStatus(run.status));
+    SetError(res, QueryError(r, run.status));
     return;
   }
   json report;
@@ -369,7 +369,7 @@ bool HttpFrontend::Impl::Stream(const OpenAiRequest& r, const QuerySpec& spec,
   if (client_gone) return false;
   if (!run.status.ok()) {
     // The 200 and its headers are out: the error is the stream's last event.
-    const HttpError e = ErrorFromStatus(run.status);
+    const HttpError e = QueryError(r, run.status);
     send("data: " + ErrorBody(e) + "\n\n");
     return send(kSseDone);
   }

@@ -332,6 +332,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, Endpoint
     return absl::InvalidArgumentError(absl::StrCat(s.message(), " (--max-new-tokens)"));
   }
   if (max_tokens) q.set_max_new_tokens(static_cast<int32_t>(*max_tokens));
+  r.max_tokens_field = max_name;
   // vLLM's extension: no stop id before this many tokens (<= max_tokens,
   // checked by the Query path for both transports).
   std::optional<int64_t> min_tokens;
@@ -361,6 +362,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, Endpoint
   if (const json* ext = Field(doc, "infoflow")) {
     if (absl::Status s = ParseExtension(*ext, &q, &r.report, &has_chunks); !s.ok()) return s;
   }
+  r.chunks_listed = has_chunks;
   // A chat's history is in its prefix, and the next turn's prefix extends
   // it: unless told, such a prefix is stored only when it comes again (few-shot
   // turns); a system prompt alone, or a completion's prefix, at once.

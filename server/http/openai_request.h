@@ -48,6 +48,10 @@ struct OpenAiRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool report = false;         // infoflow.report: the response carries the Report
+  // Where query fields came from, for errors that name the body's field
+  // (QueryError in http_errors.h).
+  bool chunks_listed = false;                   // infoflow.chunks, not prompt pieces
+  std::string max_tokens_field = "max_tokens";  // or max_completion_tokens
 };
 
 // Nesting depth of JSON arrays and objects a body may have; deeper bodies

@@ -439,6 +439,81 @@ TEST(HttpErrors, OneTableFromStatusToHttp) {
   EXPECT_NE(ErrorBody(ErrorFromStatus(grpc::StatusCode::NOT_FOUND, "model: '\xff'")), "");
 }
 
+// The Query path names QueryRequest's fields; an HTTP client reads the
+// fields of the body it sent.
+TEST(HttpErrors, QueryErrorsNameTheBodysField) {
+  OpenAiRequest completion;
+  completion.endpoint = Endpoint::kCompletions;
+  OpenAiRequest chat;
+  chat.endpoint = Endpoint::kChatCompletions;
+  chat.max_tokens_field = "max_completion_tokens";
+  OpenAiRequest listed = completion;
+  listed.chunks_listed = true;
+  struct Case {
+    const OpenAiRequest* request;
+    const char* query_field;
+    const char* body_field;
+  };
+  const Case cases[] = {
+      {&completion, "question", "prompt"},
+      {&chat, "question", "messages"},
+      {&chat, "prefix", "messages"},
+      {&completion, "prompt_template", "prompt"},
+      {&completion, "chunks", "prompt"},
+      {&chat, "chunks[3].text", "messages"},
+      {&listed, "chunks[3].key", "infoflow.chunks[3].key"},
+      {&listed, "chunks", "infoflow.chunks"},
+      {&completion, "max_new_tokens", "max_tokens"},
+      {&chat, "max_new_tokens", "max_completion_tokens"},
+      {&completion, "min_new_tokens", "min_tokens"},
+      {&completion, "sampling.temperature", "temperature"},
+      {&completion, "sampling.top_p", "top_p"},
+      {&completion, "prefix_store", "infoflow.store_prefix"},
+      {&completion, "scoring_layers", "infoflow.scoring_layers"},
+      {&completion, "stop_ids[2]", "infoflow.stop_ids[2]"},
+      {&completion, "ratio", "infoflow.ratio"},
+      {&completion, "lego_k", "infoflow.lego_k"},
+      {&completion, "prefix_mode", "infoflow.prefix_mode"},
+      {&completion, "stop[1]", "stop[1]"},
+      {&completion, "model", "model"},
+      {&completion, "server", "server"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(BodyField(*c.request, c.query_field), c.body_field) << c.query_field;
+  }
+
+  const HttpError long_question = QueryError(
+      chat, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                         "question: 3000 tokens, limit is 2048 (--max-prompt-tokens 2048)"));
+  EXPECT_EQ(long_question.http_status, 400);
+  EXPECT_EQ(long_question.param, "messages");
+  EXPECT_EQ(long_question.code, "context_length_exceeded");
+  EXPECT_EQ(long_question.message,
+            "messages (question): 3000 tokens, limit is 2048 (--max-prompt-tokens 2048)");
+  const HttpError past_positions = QueryError(
+      completion, grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
+                               "chunks + prompt + max_new_tokens: 9000 positions, over 4096"));
+  EXPECT_EQ(past_positions.param, "prompt");
+  EXPECT_EQ(past_positions.code, "context_length_exceeded");
+  EXPECT_EQ(past_positions.message, "prompt + max_tokens: 9000 positions, over 4096");
+  const HttpError layer = QueryError(
+      completion,
+      grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "scoring_layers: layer 9 outside [0, 6)"));
+  EXPECT_EQ(layer.param, "infoflow.scoring_layers");
+  EXPECT_EQ(layer.code, "invalid_argument");
+  EXPECT_EQ(layer.message, "infoflow.scoring_layers: layer 9 outside [0, 6)");
+  // Not a length: the code stays the status's own.
+  const HttpError unstored = QueryError(
+      completion, grpc::Status(grpc::StatusCode::NOT_FOUND, "chunks: 1 key(s) not stored: ab"));
+  EXPECT_EQ(unstored.param, "prompt");
+  EXPECT_EQ(unstored.code, "not_found");
+  const HttpError busy =
+      QueryError(completion, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server: busy"));
+  EXPECT_EQ(busy.param, "server");
+  EXPECT_EQ(busy.message, "server: busy");
+  EXPECT_EQ(busy.http_status, 429);
+}
+
 // ------------------------------------------------ the real server binary
 
 std::string TinyModel() { return std::string(INFOFLOW_SOURCE_DIR) + "/models/infoflow-tiny"; }
@@ -915,6 +990,11 @@ TEST_F(HttpServerTest, APlainPromptHasTheContextsBudget) {
   EXPECT_EQ(over->status, 400) << over->body;
   EXPECT_NE(over->body.find("--max-prompt-tokens 64 + --max-context-tokens 200"), std::string::npos)
       << over->body;
+  const json over_error = json::parse(over->body)["error"];
+  EXPECT_EQ(over_error["param"], "prompt");
+  EXPECT_EQ(over_error["code"], "context_length_exceeded");
+  EXPECT_EQ(over_error["message"].get<std::string>().rfind("prompt (question): ", 0), 0u)
+      << over->body;
 
   auto chat = [&](const std::string& last) {
     const json messages = {{{"role", "user"}, {"content", words(100)}},
@@ -932,6 +1012,7 @@ TEST_F(HttpServerTest, APlainPromptHasTheContextsBudget) {
   EXPECT_NE(both_long->body.find("of --max-context-tokens 200 that the prefix left"),
             std::string::npos)
       << both_long->body;
+  EXPECT_EQ(json::parse(both_long->body)["error"]["param"], "messages");
 }
 
 // A model directory with a chat template in tokenizer_config.json: auto
@@ -1025,6 +1106,7 @@ TEST_F(HttpServerTest, BadInputGetsAClearErrorAndTheServerStaysUp) {
     std::string path, body;
     int status;
     std::string param;
+    std::string code;  // "" = not checked
   };
   json wrong_type = CompletionBody(false);
   wrong_type["max_tokens"] = "many";
@@ -1043,21 +1125,28 @@ TEST_F(HttpServerTest, BadInputGetsAClearErrorAndTheServerStaysUp) {
   forged_model["model"] = "gpt-4\nhttp=POST path=/forged status=200";
   json long_field = CompletionBody(false);
   long_field["infoflow"] = {{std::string(100000, 'f'), 1}};
+  // Inside every token limit, past infoflow-tiny's 4096 positions.
+  std::string long_plain;  // ~6000 tokens, two a word
+  for (int i = 0; i < 1500; ++i) long_plain += " lamp river";
+  json past_positions = CompletionBody(false);
+  past_positions["prompt"] = long_plain;
   const std::vector<Case> cases = {
-      {"/v1/completions", "{\"model\": \"infoflow-tiny\", \"prompt\": ", 400, "body"},
-      {"/v1/completions", "not json at all", 400, "body"},
-      {"/v1/completions", std::string(2 << 20, ' '), 413, "body"},
-      {"/v1/completions", std::string(5000, '[') + std::string(5000, ']'), 400, "body"},
-      {"/v1/completions", wrong_type.dump(), 400, "max_tokens"},
-      {"/v1/completions", unknown_model.dump(), 404, "model"},
-      {"/v1/completions", too_many_tokens.dump(), 400, "max_tokens"},
-      {"/v1/completions", long_question.dump(), 400, "question"},
-      {"/v1/completions", long_stop.dump(), 400, "stop[1]"},
-      {"/v1/completions", layer_twice.dump(), 400, "scoring_layers"},
-      {"/v1/completions", forged_model.dump(), 404, "model"},
-      {"/v1/completions", long_field.dump(), 400, "infoflow"},
-      {"/v1/chat/completions", R"({"model": "infoflow-tiny", "messages": "hi"})", 400, "messages"},
-      {"/v1/nowhere", "{}", 404, ""},
+      {"/v1/completions", "{\"model\": \"infoflow-tiny\", \"prompt\": ", 400, "body", ""},
+      {"/v1/completions", "not json at all", 400, "body", ""},
+      {"/v1/completions", std::string(2 << 20, ' '), 413, "body", ""},
+      {"/v1/completions", std::string(5000, '[') + std::string(5000, ']'), 400, "body", ""},
+      {"/v1/completions", wrong_type.dump(), 400, "max_tokens", ""},
+      {"/v1/completions", unknown_model.dump(), 404, "model", "model_not_found"},
+      {"/v1/completions", too_many_tokens.dump(), 400, "max_tokens", "invalid_argument"},
+      {"/v1/completions", long_question.dump(), 400, "prompt", "context_length_exceeded"},
+      {"/v1/completions", past_positions.dump(), 400, "prompt", "context_length_exceeded"},
+      {"/v1/completions", long_stop.dump(), 400, "stop[1]", "invalid_argument"},
+      {"/v1/completions", layer_twice.dump(), 400, "infoflow.scoring_layers", "invalid_argument"},
+      {"/v1/completions", forged_model.dump(), 404, "model", ""},
+      {"/v1/completions", long_field.dump(), 400, "infoflow", ""},
+      {"/v1/chat/completions", R"({"model": "infoflow-tiny", "messages": "hi"})", 400, "messages",
+       ""},
+      {"/v1/nowhere", "{}", 404, "", ""},
   };
   for (const Case& c : cases) {
     httplib::Result r = Post(c.path, c.body);
@@ -1069,6 +1158,11 @@ TEST_F(HttpServerTest, BadInputGetsAClearErrorAndTheServerStaysUp) {
     EXPECT_TRUE(e["error"]["type"].is_string());
     if (!c.param.empty()) {
       EXPECT_EQ(e["error"]["param"], c.param) << r->body;
+      // The message names the client's field first, as param does.
+      EXPECT_EQ(e["error"]["message"].get<std::string>().rfind(c.param, 0), 0u) << r->body;
+    }
+    if (!c.code.empty()) {
+      EXPECT_EQ(e["error"]["code"], c.code) << r->body;
     }
   }
   {

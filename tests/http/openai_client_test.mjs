@@ -169,6 +169,17 @@ await check('a bad field is refused with 400 naming it', async () => {
   });
 });
 
+await check('a prompt past the model\'s positions is context_length_exceeded', async () => {
+  // ~6000 tokens: inside the server's token limits, past infoflow-tiny's 4096 positions.
+  const long = ' lamp river'.repeat(1500);
+  await assert.rejects(client.completions.create({ ...base, prompt: long }), (e) => {
+    assert.ok(e instanceof OpenAI.BadRequestError, String(e));
+    assert.equal(e.code, 'context_length_exceeded');
+    assert.equal(e.param, 'prompt');
+    return true;
+  });
+});
+
 await check('an unknown model is 404', async () => {
   await assert.rejects(client.completions.create({ ...base, prompt, model: 'gpt-4o' }), (e) => {
     assert.ok(e instanceof OpenAI.NotFoundError, String(e));
