@@ -502,10 +502,12 @@ TEST(HttpErrors, QueryErrorsNameTheBodysField) {
   EXPECT_EQ(layer.param, "infoflow.scoring_layers");
   EXPECT_EQ(layer.code, "invalid_argument");
   EXPECT_EQ(layer.message, "infoflow.scoring_layers: layer 9 outside [0, 6)");
-  // Not a length: the code stays the status's own.
+  // Not a length: the code stays the status's own. (Keys come only from a
+  // listed chunk.)
   const HttpError unstored = QueryError(
-      completion, grpc::Status(grpc::StatusCode::NOT_FOUND, "chunks: 1 key(s) not stored: ab"));
-  EXPECT_EQ(unstored.param, "prompt");
+      listed, grpc::Status(grpc::StatusCode::NOT_FOUND, "chunks: 1 key(s) not stored: ab"));
+  EXPECT_EQ(unstored.param, "infoflow.chunks");
+  EXPECT_EQ(unstored.message, "infoflow.chunks: 1 key(s) not stored: ab");
   EXPECT_EQ(unstored.code, "not_found");
   const HttpError busy =
       QueryError(completion, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server: busy"));
