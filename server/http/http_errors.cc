@@ -43,6 +43,11 @@ std::string ParamOf(const std::string& message) {
   return message.substr(0, colon);
 }
 
+// The body field a request's blend pieces were split from.
+std::string PiecesField(const OpenAiRequest& r) {
+  return r.endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
+}
+
 }  // namespace
 
 HttpError ErrorFromStatus(grpc::StatusCode code, const std::string& message) {
@@ -72,7 +77,7 @@ HttpError ErrorFromStatus(const absl::Status& status) {
 }
 
 std::string BodyField(const OpenAiRequest& r, const std::string& query_field) {
-  const std::string pieces = r.endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
+  const std::string pieces = PiecesField(r);
   // The field's name up to its first index or member: "chunks" of "chunks[2].text".
   const std::string name = query_field.substr(0, query_field.find_first_of("[."));
   const std::string rest = query_field.substr(name.size());
@@ -92,7 +97,7 @@ std::string BodyField(const OpenAiRequest& r, const std::string& query_field) {
 
 HttpError QueryError(const OpenAiRequest& r, const grpc::Status& status) {
   HttpError e = ErrorFromStatus(status);
-  const std::string pieces = r.endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
+  const std::string pieces = PiecesField(r);
   if (status.error_code() == grpc::StatusCode::OUT_OF_RANGE) {
     // "chunks + prompt + max_new_tokens: <sum>": the prompt and the answer's
     // room are too long together.
