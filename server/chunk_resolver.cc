@@ -9,6 +9,7 @@
 #include "engine/chunk/chunk_prefill.h"
 #include "engine/text/tokenizer.h"
 #include "server/quoted_value.h"
+#include "server/token_limit.h"
 
 namespace infoflow::server {
 
@@ -75,10 +76,11 @@ absl::Status ChunkResolver::CheckedText(std::string_view text, const std::string
   // Bytes bound tokens from above for our tokenizers' ordinary text, so a
   // huge text is refused before the tokenizer spends time on it.
   if (text.size() > static_cast<uint64_t>(max_chunk_tokens_) * kMaxBytesPerToken) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": ", text.size(), " bytes, more than ", max_chunk_tokens_,
-        " tokens can hold (--max-chunk-tokens ", max_chunk_tokens_, ", ", kMaxBytesPerToken,
-        " bytes per token)"));
+    return TokenLimitError(
+        absl::StatusCode::kInvalidArgument,
+        absl::StrCat(field, ": ", text.size(), " bytes, more than ", max_chunk_tokens_,
+                     " tokens can hold (--max-chunk-tokens ", max_chunk_tokens_, ", ",
+                     kMaxBytesPerToken, " bytes per token)"));
   }
   return absl::OkStatus();
 }
@@ -96,9 +98,9 @@ absl::StatusOr<std::vector<int32_t>> ChunkResolver::CheckedTokens(std::string_vi
   std::vector<int32_t> ids = tokenizer_->EncodePieces({{text, parse_special}});
   if (ids.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": chunk has no tokens"));
   if (static_cast<int64_t>(ids.size()) > max_chunk_tokens_) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": chunk has ", ids.size(),
-                                                   " tokens, limit is ", max_chunk_tokens_,
-                                                   " (--max-chunk-tokens)"));
+    return TokenLimitError(absl::StatusCode::kInvalidArgument,
+                           absl::StrCat(field, ": chunk has ", ids.size(), " tokens, limit is ",
+                                        max_chunk_tokens_, " (--max-chunk-tokens)"));
   }
   return ids;
 }

@@ -11,6 +11,7 @@
 #include "engine/model/forward.h"
 #include "engine/text/tokenizer.h"
 #include "server/prefilled_query.h"
+#include "server/token_limit.h"
 
 namespace infoflow::server {
 namespace {
@@ -98,14 +99,16 @@ absl::Status QueryRunner::Prepare(QuerySpec* spec) const {
                    : absl::StrCat("--max-prefix-tokens ", prefix_limit);
     };
     if (spec->prefix.size() > static_cast<uint64_t>(prefix_limit) * kMaxBytesPerToken) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "prefix: ", spec->prefix.size(), " bytes, more than ", prefix_limit, " tokens can hold (",
-          flags(), "; ", kMaxBytesPerToken, " bytes per token)"));
+      return TokenLimitError(absl::StatusCode::kInvalidArgument,
+                             absl::StrCat("prefix: ", spec->prefix.size(), " bytes, more than ",
+                                          prefix_limit, " tokens can hold (", flags(), "; ",
+                                          kMaxBytesPerToken, " bytes per token)"));
     }
     spec->prefix_ids = tokenizer_->EncodePieces({{spec->prefix, true}});
     const int64_t n = static_cast<int64_t>(spec->prefix_ids.size());
     if (n > prefix_limit) {
-      return absl::InvalidArgumentError(
+      return TokenLimitError(
+          absl::StatusCode::kInvalidArgument,
           absl::StrCat("prefix: ", n, " tokens, limit is ", prefix_limit, " (", flags(), ")"));
     }
     for (int32_t id : spec->prefix_ids) {
@@ -130,27 +133,31 @@ absl::Status QueryRunner::Prepare(QuerySpec* spec) const {
   };
   const uint64_t byte_limit = static_cast<uint64_t>(limit) * kMaxBytesPerToken;
   if (spec->question.size() > byte_limit) {
-    return absl::InvalidArgumentError(
+    return TokenLimitError(
+        absl::StatusCode::kInvalidArgument,
         absl::StrCat("question: ", spec->question.size(), " bytes, more than ", limit,
                      " tokens can hold (", flags(), "; ", kMaxBytesPerToken, " bytes per token)"));
   }
   const uint64_t rendered = RenderedPromptBytes(spec->prompt_template, spec->question);
   if (rendered > byte_limit) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt_template: the prompt expands to ",
-                                                   rendered, " bytes with the question, more than ",
-                                                   limit, " tokens can hold (", flags(), ")"));
+    return TokenLimitError(absl::StatusCode::kInvalidArgument,
+                           absl::StrCat("prompt_template: the prompt expands to ", rendered,
+                                        " bytes with the question, more than ", limit,
+                                        " tokens can hold (", flags(), ")"));
   }
   spec->question_ids = tokenizer_->EncodePieces({{spec->question, spec->parse_special}});
   if (static_cast<int64_t>(spec->question_ids.size()) > limit) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "question: ", spec->question_ids.size(), " tokens, limit is ", limit, " (", flags(), ")"));
+    return TokenLimitError(absl::StatusCode::kInvalidArgument,
+                           absl::StrCat("question: ", spec->question_ids.size(),
+                                        " tokens, limit is ", limit, " (", flags(), ")"));
   }
   spec->prompt_ids = tokenizer_->EncodePieces(
       RenderPromptPieces(spec->prompt_template, spec->question, spec->parse_special));
   if (static_cast<int64_t>(spec->prompt_ids.size()) > limit) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt_template: the rendered prompt has ",
-                                                   spec->prompt_ids.size(), " tokens, limit is ",
-                                                   limit, " (", flags(), ")"));
+    return TokenLimitError(
+        absl::StatusCode::kInvalidArgument,
+        absl::StrCat("prompt_template: the rendered prompt has ", spec->prompt_ids.size(),
+                     " tokens, limit is ", limit, " (", flags(), ")"));
   }
   return absl::OkStatus();
 }
@@ -200,7 +207,8 @@ absl::StatusOr<QueryInput> QueryRunner::ResolveInput(const QuerySpec& spec,
       static_cast<int64_t>(spec.prompt_ids.size()) + spec.max_new_tokens;
   auto check_context = [&](int64_t context_tokens) -> absl::Status {
     if (context_tokens > limits_.max_context_tokens) {
-      return absl::InvalidArgumentError(
+      return TokenLimitError(
+          absl::StatusCode::kInvalidArgument,
           absl::StrCat("chunks: context of ", context_tokens, " tokens is over the limit of ",
                        limits_.max_context_tokens, " (--max-context-tokens)"));
     }
@@ -208,11 +216,13 @@ absl::StatusOr<QueryInput> QueryRunner::ResolveInput(const QuerySpec& spec,
     out.beyond_model_positions =
         limits_.max_positions > 0 && out.positions > limits_.max_positions;
     if (out.beyond_model_positions && !limits_.allow_beyond_model_positions) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "chunks + prompt + max_new_tokens: ", prefix_len, " prefix + ", context_tokens,
-          " context + ", spec.prompt_ids.size(), " prompt + ", spec.max_new_tokens,
-          " new tokens = ", out.positions, " positions, over the model's max_position_embeddings of ",
-          limits_.max_positions));
+      return TokenLimitError(
+          absl::StatusCode::kOutOfRange,
+          absl::StrCat("chunks + prompt + max_new_tokens: ", prefix_len, " prefix + ",
+                       context_tokens, " context + ", spec.prompt_ids.size(), " prompt + ",
+                       spec.max_new_tokens, " new tokens = ", out.positions,
+                       " positions, over the model's max_position_embeddings of ",
+                       limits_.max_positions));
     }
     return positions_check ? positions_check(out.positions) : absl::OkStatus();
   };

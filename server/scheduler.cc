@@ -20,6 +20,7 @@
 #include "engine/model/yield_point.h"
 #include "server/metrics.h"
 #include "server/prefilled_query.h"
+#include "server/token_limit.h"
 
 namespace infoflow::server {
 namespace {
@@ -281,10 +282,11 @@ void Scheduler::Impl::PrefillThread() {
 absl::Status Scheduler::Impl::ReserveKv(Request* r, int64_t positions) {
   const int64_t bytes = positions * kv_bytes_per_position;
   if (bytes > options.max_kv_bytes) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "chunks + prompt + max_new_tokens: ", positions, " positions need ", bytes,
-        " bytes of KV cache, over the server's limit of ", options.max_kv_bytes,
-        " (--max-kv-bytes)"));
+    return TokenLimitError(
+        absl::StatusCode::kOutOfRange,
+        absl::StrCat("chunks + prompt + max_new_tokens: ", positions, " positions need ", bytes,
+                     " bytes of KV cache, over the server's limit of ", options.max_kv_bytes,
+                     " (--max-kv-bytes)"));
   }
   std::unique_lock<std::mutex> l(mu);
   if (kv_in_flight + bytes > options.max_kv_bytes) {

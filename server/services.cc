@@ -15,6 +15,7 @@
 #include "engine/chunk/chunk_codec.h"
 #include "server/group/group_leader.h"
 #include "server/quoted_value.h"
+#include "server/token_limit.h"
 
 namespace infoflow::server {
 namespace v1 = ::infoflow::v1;
@@ -454,12 +455,15 @@ grpc::Status CheckServesApi(const ServiceDeps& d) {
 }
 
 grpc::Status PrepareQuery(const ServiceDeps& d, const v1::QueryRequest& req, ChunkPolicy chunks,
-                          QuerySpec* spec) {
+                          QuerySpec* spec, bool* token_limit) {
+  if (token_limit != nullptr) *token_limit = false;
   grpc::Status s = CheckServesApi(d);
   if (s.ok()) s = CheckModel(d, req.model());
   if (s.ok()) s = ToSpec(d, req, chunks, spec);
-  if (s.ok()) s = ToGrpc(d.runner->Prepare(spec));  // bounded; before queueing
-  return s;
+  if (!s.ok()) return s;
+  const absl::Status prepared = d.runner->Prepare(spec);  // bounded; before queueing
+  if (token_limit != nullptr) *token_limit = IsTokenLimitError(prepared);
+  return ToGrpc(prepared);
 }
 
 QueryRun ExecuteQuery(const ServiceDeps& d, const QuerySpec& spec, const QueryStreamIo& io) {
@@ -499,6 +503,7 @@ QueryRun ExecuteQuery(const ServiceDeps& d, const QuerySpec& spec, const QuerySt
                      : grpc::Status(grpc::StatusCode::CANCELLED, "query cancelled by the client");
   } else if (!out.ok()) {
     run.status = ToGrpc(out.status());
+    run.token_limit = IsTokenLimitError(out.status());
   } else if (out->cancelled || write_failed || io.cancelled()) {
     run.status = io.deadline_passed()
                      ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded during decode")

@@ -87,9 +87,11 @@ enum class ChunkPolicy { kRequired, kOptional };
 // Checks the model selector, validates and translates `req` into *spec and
 // tokenizes it against the limits (QueryRunner::Prepare). No engine work,
 // nothing queued: every limit is checked before work starts. Errors name
-// the request field (INVALID_ARGUMENT, FAILED_PRECONDITION).
+// the request field (INVALID_ARGUMENT, FAILED_PRECONDITION). When
+// `token_limit` is not null it is set to whether the refusal is a length one
+// (IsTokenLimitError, server/token_limit.h), which the gRPC status drops.
 grpc::Status PrepareQuery(const ServiceDeps& d, const infoflow::v1::QueryRequest& req,
-                          ChunkPolicy chunks, QuerySpec* spec);
+                          ChunkPolicy chunks, QuerySpec* spec, bool* token_limit = nullptr);
 
 // How a transport hands a query's tokens to its client.
 struct QueryStreamIo {
@@ -104,6 +106,7 @@ struct QueryStreamIo {
 
 struct QueryRun {
   grpc::Status status;  // OK, or why the query failed or stopped
+  bool token_limit = false;  // status is a length refusal (IsTokenLimitError)
   absl::StatusOr<QueryOutcome> outcome = absl::UnknownError("not run");
 };
 

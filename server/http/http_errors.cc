@@ -3,7 +3,6 @@
 #include <cctype>
 #include <nlohmann/json.hpp>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace infoflow::server::http {
@@ -95,10 +94,11 @@ std::string BodyField(const OpenAiRequest& r, const std::string& query_field) {
   return query_field;
 }
 
-HttpError QueryError(const OpenAiRequest& r, const grpc::Status& status) {
+HttpError QueryError(const OpenAiRequest& r, const grpc::Status& status, bool token_limit) {
   HttpError e = ErrorFromStatus(status);
+  if (token_limit) e.code = "context_length_exceeded";
   const std::string pieces = PiecesField(r);
-  if (status.error_code() == grpc::StatusCode::OUT_OF_RANGE) {
+  if (token_limit && status.error_code() == grpc::StatusCode::OUT_OF_RANGE) {
     // "chunks + prompt + max_new_tokens: <sum>": the prompt and the answer's
     // room are too long together.
     const size_t colon = e.message.find(": ");
@@ -106,7 +106,6 @@ HttpError QueryError(const OpenAiRequest& r, const grpc::Status& status) {
       e.message = absl::StrCat(pieces, " + ", r.max_tokens_field, e.message.substr(colon));
     }
     e.param = pieces;
-    e.code = "context_length_exceeded";
     return e;
   }
   if (e.param.empty()) return e;
@@ -115,9 +114,6 @@ HttpError QueryError(const OpenAiRequest& r, const grpc::Status& status) {
   // The rest of the message, after "<query field>: ".
   const std::string what = e.message.substr(e.param.size() + 2);
   const bool piece = field == pieces;
-  if ((piece || absl::StartsWith(field, "infoflow.chunks")) && absl::StrContains(what, " tokens")) {
-    e.code = "context_length_exceeded";  // a piece over a token limit
-  }
   e.message =
       piece ? absl::StrCat(field, " (", e.param, "): ", what) : absl::StrCat(field, ": ", what);
   e.param = field;

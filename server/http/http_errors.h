@@ -51,10 +51,13 @@ std::string BodyField(const OpenAiRequest& r, const std::string& query_field);
 // A Query-path status as `r`'s client reads it: ErrorFromStatus, with
 // `param` the body's field (BodyField) and the message naming it first, the
 // Query field kept where it says which piece ("prompt (question): ...").
-// OpenAI's code "context_length_exceeded" (its answer to a prompt past the
-// context window, which clients act on) for OUT_OF_RANGE (past the model's
-// positions or --max-kv-bytes) and for a piece over a token limit.
-HttpError QueryError(const OpenAiRequest& r, const grpc::Status& status);
+// `token_limit` says the status is a length refusal (PrepareQuery's
+// token_limit, QueryRun::token_limit): then the code is OpenAI's
+// "context_length_exceeded" (its answer to a prompt past the context window,
+// which clients act on), and a refusal of the whole prompt (OUT_OF_RANGE:
+// past the model's positions or --max-kv-bytes) names the prompt and
+// max_tokens together.
+HttpError QueryError(const OpenAiRequest& r, const grpc::Status& status, bool token_limit);
 
 // The OpenAI error JSON of `e` (one line, no trailing newline).
 std::string ErrorBody(const HttpError& e);

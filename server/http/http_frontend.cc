@@ -291,8 +291,10 @@ void HttpFrontend::Impl::HandleQuery(const httplib::Request& req, httplib::Respo
   auto r = std::make_shared<OpenAiRequest>(*std::move(parsed));
   auto spec = std::make_shared<QuerySpec>();
   // A prompt without the separator is a plain prompt (ChunkPolicy).
-  if (grpc::Status s = PrepareQuery(*d, r->query, ChunkPolicy::kOptional, spec.get()); !s.ok()) {
-    SetError(res, QueryError(*r, s));
+  bool token_limit = false;
+  if (grpc::Status s = PrepareQuery(*d, r->query, ChunkPolicy::kOptional, spec.get(), &token_limit);
+      !s.ok()) {
+    SetError(res, QueryError(*r, s, token_limit));
     LogQuery(absl::StrCat("http=", req.path), r->query.chunks_size(), *spec, s,
              absl::UnknownError("not run"));
     return;
@@ -323,7 +325,7 @@ void HttpFrontend::Impl::Respond(const OpenAiRequest& r, const QuerySpec& spec,
   QueryRun run = ExecuteQuery(*d, spec, io);
   LogQuery(origin, r.query.chunks_size(), spec, run.status, run.outcome);
   if (!run.status.ok()) {
-    SetError(res, QueryError(r, run.status));
+    SetError(res, QueryError(r, run.status, run.token_limit));
     return;
   }
   json report;
@@ -369,7 +371,7 @@ bool HttpFrontend::Impl::Stream(const OpenAiRequest& r, const QuerySpec& spec,
   if (client_gone) return false;
   if (!run.status.ok()) {
     // The 200 and its headers are out: the error is the stream's last event.
-    const HttpError e = QueryError(r, run.status);
+    const HttpError e = QueryError(r, run.status, run.token_limit);
     send("data: " + ErrorBody(e) + "\n\n");
     return send(kSseDone);
   }

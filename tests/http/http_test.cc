@@ -482,35 +482,57 @@ TEST(HttpErrors, QueryErrorsNameTheBodysField) {
     EXPECT_EQ(BodyField(*c.request, c.query_field), c.body_field) << c.query_field;
   }
 
-  const HttpError long_question = QueryError(
-      chat, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                         "question: 3000 tokens, limit is 2048 (--max-prompt-tokens 2048)"));
+  const HttpError long_question =
+      QueryError(chat,
+                 grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              "question: 3000 tokens, limit is 2048 (--max-prompt-tokens 2048)"),
+                 /*token_limit=*/true);
   EXPECT_EQ(long_question.http_status, 400);
   EXPECT_EQ(long_question.param, "messages");
   EXPECT_EQ(long_question.code, "context_length_exceeded");
   EXPECT_EQ(long_question.message,
             "messages (question): 3000 tokens, limit is 2048 (--max-prompt-tokens 2048)");
-  const HttpError past_positions = QueryError(
-      completion, grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
-                               "chunks + prompt + max_new_tokens: 9000 positions, over 4096"));
+  const HttpError past_positions =
+      QueryError(completion,
+                 grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
+                              "chunks + prompt + max_new_tokens: 9000 positions, over 4096"),
+                 /*token_limit=*/true);
   EXPECT_EQ(past_positions.param, "prompt");
   EXPECT_EQ(past_positions.code, "context_length_exceeded");
   EXPECT_EQ(past_positions.message, "prompt + max_tokens: 9000 positions, over 4096");
+  // The code comes from the mark, not the words: a refusal that mentions
+  // tokens but is no length limit, and an OUT_OF_RANGE without the mark,
+  // keep their status's code.
+  const HttpError no_tokens = QueryError(
+      listed,
+      grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "chunks[0].text: chunk has no tokens"),
+      /*token_limit=*/false);
+  EXPECT_EQ(no_tokens.param, "infoflow.chunks[0].text");
+  EXPECT_EQ(no_tokens.code, "invalid_argument");
+  const HttpError other_range =
+      QueryError(completion, grpc::Status(grpc::StatusCode::OUT_OF_RANGE, "seed: out of range"),
+                 /*token_limit=*/false);
+  EXPECT_EQ(other_range.param, "seed");
+  EXPECT_EQ(other_range.code, "out_of_range");
+  EXPECT_EQ(other_range.message, "seed: out of range");
   const HttpError layer = QueryError(
       completion,
-      grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "scoring_layers: layer 9 outside [0, 6)"));
+      grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "scoring_layers: layer 9 outside [0, 6)"),
+      /*token_limit=*/false);
   EXPECT_EQ(layer.param, "infoflow.scoring_layers");
   EXPECT_EQ(layer.code, "invalid_argument");
   EXPECT_EQ(layer.message, "infoflow.scoring_layers: layer 9 outside [0, 6)");
   // Not a length: the code stays the status's own. (Keys come only from a
   // listed chunk.)
   const HttpError unstored = QueryError(
-      listed, grpc::Status(grpc::StatusCode::NOT_FOUND, "chunks: 1 key(s) not stored: ab"));
+      listed, grpc::Status(grpc::StatusCode::NOT_FOUND, "chunks: 1 key(s) not stored: ab"),
+      /*token_limit=*/false);
   EXPECT_EQ(unstored.param, "infoflow.chunks");
   EXPECT_EQ(unstored.message, "infoflow.chunks: 1 key(s) not stored: ab");
   EXPECT_EQ(unstored.code, "not_found");
   const HttpError busy =
-      QueryError(completion, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server: busy"));
+      QueryError(completion, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server: busy"),
+                 /*token_limit=*/false);
   EXPECT_EQ(busy.param, "server");
   EXPECT_EQ(busy.message, "server: busy");
   EXPECT_EQ(busy.http_status, 429);
@@ -1132,6 +1154,14 @@ TEST_F(HttpServerTest, BadInputGetsAClearErrorAndTheServerStaysUp) {
   for (int i = 0; i < 1500; ++i) long_plain += " lamp river";
   json past_positions = CompletionBody(false);
   past_positions["prompt"] = long_plain;
+  // A listed chunk over --max-chunk-tokens is refused while the query runs
+  // (the resolver), not in PrepareQuery: the mark crosses the scheduler.
+  json long_chunk = CompletionBody(false);
+  long_chunk["prompt"] = "What is in it?";
+  long_chunk["infoflow"] = {{"chunks", {{{"text", std::string(200000, 'x')}}}}};
+  json bad_key = CompletionBody(false);
+  bad_key["prompt"] = "What is in it?";
+  bad_key["infoflow"] = {{"chunks", {{{"key", "not-hex"}}}}};
   const std::vector<Case> cases = {
       {"/v1/completions", "{\"model\": \"infoflow-tiny\", \"prompt\": ", 400, "body", ""},
       {"/v1/completions", "not json at all", 400, "body", ""},
@@ -1142,6 +1172,9 @@ TEST_F(HttpServerTest, BadInputGetsAClearErrorAndTheServerStaysUp) {
       {"/v1/completions", too_many_tokens.dump(), 400, "max_tokens", "invalid_argument"},
       {"/v1/completions", long_question.dump(), 400, "prompt", "context_length_exceeded"},
       {"/v1/completions", past_positions.dump(), 400, "prompt", "context_length_exceeded"},
+      {"/v1/completions", long_chunk.dump(), 400, "infoflow.chunks[0].text",
+       "context_length_exceeded"},
+      {"/v1/completions", bad_key.dump(), 400, "infoflow.chunks[0].key", "invalid_argument"},
       {"/v1/completions", long_stop.dump(), 400, "stop[1]", "invalid_argument"},
       {"/v1/completions", layer_twice.dump(), 400, "infoflow.scoring_layers", "invalid_argument"},
       {"/v1/completions", forged_model.dump(), 404, "model", ""},
