@@ -52,18 +52,6 @@ ChunkResolver::ChunkResolver(const Model* model, const Tokenizer* tokenizer,
       max_chunk_tokens_(max_chunk_tokens),
       codec_(codec) {}
 
-bool ChunkResolver::SeenBefore(const std::string& key_hex) const {
-  std::lock_guard<std::mutex> lock(recent_mu_);
-  if (recent_prefixes_.erase(key_hex) > 0) return true;  // stored now: forget it
-  if (recent_order_.size() >= kRecentPrefixes) {
-    recent_prefixes_.erase(recent_order_.front());  // may be gone already: then a no-op
-    recent_order_.pop_front();
-  }
-  recent_prefixes_.insert(key_hex);
-  recent_order_.push_back(key_hex);
-  return false;
-}
-
 std::vector<int32_t> ChunkResolver::Tokenize(std::string_view text) const {
   return tokenizer_->Encode(text);
 }
@@ -144,7 +132,8 @@ absl::StatusOr<ResolvedPrefix> ChunkResolver::ResolvePrefix(const std::vector<in
     res = store_->Get(key);
     if (!res.ok()) return res.status();
     found = res->status == store::GetStatus::kFound;
-    if (!found && !(policy == PrefixStorePolicy::kRepeated && SeenBefore(out.key_hex))) {
+    if (!found &&
+        !(policy == PrefixStorePolicy::kRepeated && recent_prefixes_.SeenBefore(out.key_hex))) {
       // Prefilled for this query only: no record, no RAM-tier entry.
       absl::StatusOr<ChunkKv> kv = PrefillChunk(*model_, ids, PrefixMode::kNone);
       if (!kv.ok()) return kv.status();

@@ -8,17 +8,15 @@
 #define INFOFLOW_SERVER_CHUNK_RESOLVER_H_
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
-#include <unordered_set>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/chunk/kv_codec.h"
+#include "server/recent_keys.h"
 
 namespace infoflow {
 class Model;
@@ -144,10 +142,6 @@ class ChunkResolver {
   std::vector<int32_t> Tokenize(std::string_view text) const;
 
  private:
-  // kRepeated's memory: true when `key_hex` is among the recent misses (and
-  // then forgets it), else records it, dropping the oldest past the bound.
-  bool SeenBefore(const std::string& key_hex) const;
-
   // CheckedText, then CheckedTokens (a query's text chunks).
   absl::StatusOr<std::vector<int32_t>> ChunkTokens(std::string_view text,
                                                    const std::string& field,
@@ -159,10 +153,8 @@ class ChunkResolver {
   int64_t max_chunk_tokens_;
   KvCodec codec_;
 
-  // Keys of prefixes missed under kRepeated and not yet stored, oldest first.
-  mutable std::mutex recent_mu_;
-  mutable std::unordered_set<std::string> recent_prefixes_;
-  mutable std::deque<std::string> recent_order_;
+  // Keys of prefixes missed under kRepeated and not yet stored.
+  mutable RecentKeys recent_prefixes_{kRecentPrefixes};
 };
 
 }  // namespace infoflow::server
