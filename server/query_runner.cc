@@ -9,19 +9,12 @@
 #include "engine/blend/pipeline.h"
 #include "engine/chunk/chunk_prefill.h"
 #include "engine/model/forward.h"
+#include "engine/model/stopwatch.h"
 #include "engine/text/tokenizer.h"
 #include "server/prefilled_query.h"
 #include "server/token_limit.h"
 
 namespace infoflow::server {
-namespace {
-
-double MsSince(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
-
 std::string RenderPrompt(const std::string& prompt_template, const std::string& question) {
   const std::string tmpl = prompt_template.empty() ? "\n{question}\n" : prompt_template;
   if (tmpl.find("{question}") == std::string::npos) return tmpl + question;

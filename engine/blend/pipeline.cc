@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <numeric>
 #include <optional>
@@ -13,24 +12,9 @@
 #include "engine/blend/reposition.h"
 #include "engine/blend/scoring.h"
 #include "engine/blend/selection.h"
+#include "engine/model/stopwatch.h"
 
 namespace infoflow {
-namespace {
-
-class Stopwatch {
- public:
-  Stopwatch() : start_(std::chrono::steady_clock::now()) {}
-  double Ms() const {
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_)
-        .count();
-  }
-
- private:
-  std::chrono::steady_clock::time_point start_;
-};
-
-}  // namespace
-
 absl::Status ValidateMethodOptions(const Model& model, const MethodOptions& options) {
   if (!(options.ratio >= 0.0 && options.ratio <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat("ratio must be in [0, 1], got ", options.ratio));

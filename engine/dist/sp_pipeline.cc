@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <numeric>
 #include <optional>
@@ -13,21 +12,10 @@
 #include "engine/blend/selection.h"
 #include "engine/dist/ring_attention.h"
 #include "engine/model/forward.h"
+#include "engine/model/stopwatch.h"
 
 namespace infoflow {
 namespace {
-
-class Stopwatch {
- public:
-  Stopwatch() : start_(std::chrono::steady_clock::now()) {}
-  double Ms() const {
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_)
-        .count();
-  }
-
- private:
-  std::chrono::steady_clock::time_point start_;
-};
 
 at::Tensor LongTensor(const Model& model, const std::vector<int64_t>& v) {
   return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(model.device());

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/dist/sp_pipeline.h"
+#include "engine/model/stopwatch.h"
 #include "server/group/group_command.h"
 #include "server/group/shard_chunks.h"
 
@@ -13,10 +14,6 @@ namespace infoflow::server {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double MsSince(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
 
 // How often the monitor looks at the ready marks and heartbeats.
 constexpr std::chrono::milliseconds kMonitorPeriod{50};

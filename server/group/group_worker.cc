@@ -8,16 +8,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/dist/sp_pipeline.h"
+#include "engine/model/stopwatch.h"
 #include "server/group/shard_chunks.h"
 
 namespace infoflow::server {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double MsSince(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
 
 // Commands are polled: a query's first step on this rank waits at most this.
 constexpr std::chrono::milliseconds kCommandPoll{2};
