@@ -15,6 +15,7 @@
 #include "server/token_limit.h"
 
 namespace infoflow::server {
+
 std::string RenderPrompt(const std::string& prompt_template, const std::string& question) {
   const std::string tmpl = prompt_template.empty() ? "\n{question}\n" : prompt_template;
   if (tmpl.find("{question}") == std::string::npos) return tmpl + question;

@@ -15,6 +15,7 @@
 #include "engine/model/stopwatch.h"
 
 namespace infoflow {
+
 absl::Status ValidateMethodOptions(const Model& model, const MethodOptions& options) {
   if (!(options.ratio >= 0.0 && options.ratio <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat("ratio must be in [0, 1], got ", options.ratio));
