@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 static double now_ms(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1e3 + t.tv_nsec / 1e6; }
 static void pause_ms(int ms) { struct timespec t = {ms / 1000, (ms % 1000) * 1000000L}; nanosleep(&t, NULL); }
 static volatile uint64_t sink;
@@ -14,7 +15,7 @@ static double sweep(volatile uint64_t* p, size_t n, int times) { double t = now_
 int main(int argc, char** argv) {
   int pauses[] = {0, 250, 1000, 2500, 10000};
   size_t l2n = (512u << 10) / 8, l3n = (16u << 20) / 8, dn = (256u << 20) / 8;
-  uint64_t* l2 = malloc(l2n * 8); uint64_t* l3 = malloc(l3n * 8); uint64_t* d = malloc(dn * 8);
+  uint64_t* l2 = malloc(l2n * 8); uint64_t* l3 = malloc(l3n * 8); uint64_t* d; posix_memalign((void**)&d, 2u << 20, dn * 8); if (getenv("HUGE")) madvise(d, dn * 8, MADV_HUGEPAGE);
   memset(l2, 1, l2n * 8); memset(l3, 1, l3n * 8); memset(d, 1, dn * 8);
   int reps = argc > 1 ? atoi(argv[1]) : 5;
   printf("pause_ms rep alu_ms l2_ms l3_ms dram_ms\n");
