@@ -134,7 +134,7 @@ class ChunkResolver {
   absl::StatusOr<ResolvedPrefix> ResolvePrefix(
       const std::vector<int32_t>& ids, PrefixStorePolicy policy = PrefixStorePolicy::kAlways) const;
 
-  // How many missed prefix keys kRepeated remembers (FIFO; ~200 B each).
+  // How many missed prefix keys kRepeated remembers (FIFO; ~250 B each).
   static constexpr size_t kRecentPrefixes = 16384;
 
   // Tokens of `text` under the served tokenizer (no post_processor tokens;

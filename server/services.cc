@@ -503,7 +503,6 @@ QueryRun ExecuteQuery(const ServiceDeps& d, const QuerySpec& spec, const QuerySt
                      : grpc::Status(grpc::StatusCode::CANCELLED, "query cancelled by the client");
   } else if (!out.ok()) {
     run.status = ToGrpc(out.status());
-    run.token_limit = IsTokenLimitError(out.status());
   } else if (out->cancelled || write_failed || io.cancelled()) {
     run.status = io.deadline_passed()
                      ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded during decode")

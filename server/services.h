@@ -106,7 +106,6 @@ struct QueryStreamIo {
 
 struct QueryRun {
   grpc::Status status;  // OK, or why the query failed or stopped
-  bool token_limit = false;  // status is a length refusal (IsTokenLimitError)
   absl::StatusOr<QueryOutcome> outcome = absl::UnknownError("not run");
 };
 

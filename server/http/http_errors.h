@@ -52,7 +52,7 @@ std::string BodyField(const OpenAiRequest& r, const std::string& query_field);
 // `param` the body's field (BodyField) and the message naming it first, the
 // Query field kept where it says which piece ("prompt (question): ...").
 // `token_limit` says the status is a length refusal (PrepareQuery's
-// token_limit, QueryRun::token_limit): then the code is OpenAI's
+// token_limit; IsTokenLimitError of QueryRun::outcome): then the code is OpenAI's
 // "context_length_exceeded" (its answer to a prompt past the context window,
 // which clients act on), and a refusal of the whole prompt (OUT_OF_RANGE:
 // past the model's positions or --max-kv-bytes) names the prompt and

@@ -24,6 +24,7 @@
 #include "server/http/openai_response.h"
 #include "server/metrics.h"
 #include "server/quoted_value.h"
+#include "server/token_limit.h"
 
 namespace infoflow::server::http {
 
@@ -325,7 +326,7 @@ void HttpFrontend::Impl::Respond(const OpenAiRequest& r, const QuerySpec& spec,
   QueryRun run = ExecuteQuery(*d, spec, io);
   LogQuery(origin, r.query.chunks_size(), spec, run.status, run.outcome);
   if (!run.status.ok()) {
-    SetError(res, QueryError(r, run.status, run.token_limit));
+    SetError(res, QueryError(r, run.status, IsTokenLimitError(run.outcome.status())));
     return;
   }
   json report;
@@ -371,7 +372,7 @@ bool HttpFrontend::Impl::Stream(const OpenAiRequest& r, const QuerySpec& spec,
   if (client_gone) return false;
   if (!run.status.ok()) {
     // The 200 and its headers are out: the error is the stream's last event.
-    const HttpError e = QueryError(r, run.status, run.token_limit);
+    const HttpError e = QueryError(r, run.status, IsTokenLimitError(run.outcome.status()));
     send("data: " + ErrorBody(e) + "\n\n");
     return send(kSseDone);
   }
