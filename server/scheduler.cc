@@ -131,7 +131,12 @@ struct Scheduler::Impl {
 
   // Scheduler::CheckRoom with `mu` held.
   absl::Status RoomLocked() const;
-  absl::Status Enqueue(const std::shared_ptr<Request>& r);
+  // Queues `r`: after a room check, or, when `placed` (the caller used up a
+  // held Place), in that place.
+  absl::Status Enqueue(const std::shared_ptr<Request>& r, bool placed);
+  // Scheduler::RunExclusiveInSteps, in a held place when `placed`.
+  absl::Status RunSteps(const std::function<absl::Status(bool* more)>& step,
+                        const std::function<bool()>& cancelled, bool placed);
   // Waits for `r` to finish, sinking its tokens; handles cancel.
   absl::Status Wait(const std::shared_ptr<Request>& r, const TokenSink* sink,
                     const std::function<bool()>& cancelled);
@@ -158,6 +163,7 @@ struct Scheduler::Impl {
   std::deque<std::shared_ptr<Request>> queue;
   std::vector<std::shared_ptr<Request>> joining;  // prefilled, not yet in the batch
   int running = 0;
+  int reserved = 0;  // held Places: queue entries to come
   uint64_t admitted = 0;
   int64_t kv_in_flight = 0;
   bool stop_prefill = false, stop_loop = false;
@@ -168,20 +174,33 @@ absl::Status Scheduler::Impl::RoomLocked() const {
   if (stop_prefill) return absl::UnavailableError("server shutting down");
   // Requests that will find a free running slot do not count as queued.
   const int free_slots = std::max(0, options.max_running - running);
-  if (static_cast<int>(queue.size()) - free_slots >= options.queue_depth) {
+  if (static_cast<int>(queue.size()) + reserved - free_slots >= options.queue_depth) {
     return absl::ResourceExhaustedError("server busy: query queue is full (--queue-depth)");
   }
   return absl::OkStatus();
 }
 
-absl::Status Scheduler::Impl::Enqueue(const std::shared_ptr<Request>& r) {
+absl::Status Scheduler::Impl::Enqueue(const std::shared_ptr<Request>& r, bool placed) {
   {
     std::lock_guard<std::mutex> l(mu);
-    if (absl::Status room = RoomLocked(); !room.ok()) return room;
+    if (placed) {
+      --reserved;
+      if (stop_prefill) return absl::UnavailableError("server shutting down");
+    } else if (absl::Status room = RoomLocked(); !room.ok()) {
+      return room;
+    }
     queue.push_back(r);
   }
   cv.notify_all();
   return absl::OkStatus();
+}
+
+absl::Status Scheduler::Impl::RunSteps(const std::function<absl::Status(bool* more)>& step,
+                                       const std::function<bool()>& cancelled, bool placed) {
+  auto r = std::make_shared<Request>();
+  r->step = &step;
+  if (absl::Status s = Enqueue(r, placed); !s.ok()) return s;
+  return Wait(r, nullptr, cancelled);
 }
 
 absl::Status Scheduler::Impl::Wait(const std::shared_ptr<Request>& r, const TokenSink* sink,
@@ -480,31 +499,60 @@ Scheduler::~Scheduler() {
   impl_->loop_thread.join();
 }
 
+Scheduler::Place& Scheduler::Place::operator=(Place&& other) noexcept {
+  if (this != &other) {
+    GiveBack();
+    impl_ = other.impl_;
+    other.impl_ = nullptr;
+  }
+  return *this;
+}
+
+void Scheduler::Place::GiveBack() {
+  if (impl_ == nullptr) return;
+  {
+    std::lock_guard<std::mutex> l(impl_->mu);
+    --impl_->reserved;
+  }
+  impl_ = nullptr;
+}
+
+absl::StatusOr<Scheduler::Place> Scheduler::ReservePlace() {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  if (absl::Status room = impl_->RoomLocked(); !room.ok()) return room;
+  ++impl_->reserved;
+  return Place(impl_.get());
+}
+
+bool Scheduler::TakePlace(Place* place) {
+  if (place == nullptr || place->impl_ != impl_.get()) return false;
+  place->impl_ = nullptr;  // still counted in `reserved` until Enqueue
+  return true;
+}
+
 absl::StatusOr<QueryOutcome> Scheduler::RunQuery(const QuerySpec& spec, const TokenSink& sink,
-                                                 const std::function<bool()>& cancelled) {
+                                                 const std::function<bool()>& cancelled,
+                                                 Place* place) {
   auto r = std::make_shared<Request>();
   r->spec = &spec;
-  if (absl::Status s = impl_->Enqueue(r); !s.ok()) return s;
+  if (absl::Status s = impl_->Enqueue(r, TakePlace(place)); !s.ok()) return s;
   if (absl::Status s = impl_->Wait(r, &sink, cancelled); !s.ok()) return s;
   return std::move(r->outcome);
 }
 
 absl::Status Scheduler::RunExclusive(const std::function<absl::Status()>& work,
-                                     const std::function<bool()>& cancelled) {
-  return RunExclusiveInSteps(
+                                     const std::function<bool()>& cancelled, Place* place) {
+  return impl_->RunSteps(
       [&work](bool* more) {
         *more = false;
         return work();
       },
-      cancelled);
+      cancelled, TakePlace(place));
 }
 
 absl::Status Scheduler::RunExclusiveInSteps(const std::function<absl::Status(bool* more)>& step,
                                             const std::function<bool()>& cancelled) {
-  auto r = std::make_shared<Request>();
-  r->step = &step;
-  if (absl::Status s = impl_->Enqueue(r); !s.ok()) return s;
-  return impl_->Wait(r, nullptr, cancelled);
+  return impl_->RunSteps(step, cancelled, /*placed=*/false);
 }
 
 absl::Status Scheduler::CheckRoom() const {

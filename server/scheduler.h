@@ -57,6 +57,8 @@ struct SchedulerOptions {
 };
 
 class Scheduler {
+  struct Impl;
+
  public:
   // `model`, `runner` and `metrics` (may be null) must outlive the
   // scheduler. Starts the prefill thread and the decode loop.
@@ -67,22 +69,51 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
+  // A place in the queue taken ahead of the request that will use it, for a
+  // caller that must learn "busy" before it commits to a reply that can no
+  // longer carry a status (an HTTP stream, once its 200 is sent). While held
+  // it counts against --queue-depth as a waiting request does; RunQuery or
+  // RunExclusive given it enqueues without a room check, and destroying an
+  // unused one gives the place back. Move-only; must not outlive the
+  // Scheduler.
+  class Place {
+   public:
+    Place() = default;
+    Place(Place&& other) noexcept : impl_(other.impl_) { other.impl_ = nullptr; }
+    Place& operator=(Place&& other) noexcept;
+    ~Place() { GiveBack(); }
+    bool held() const { return impl_ != nullptr; }
+
+   private:
+    friend class Scheduler;
+    explicit Place(Impl* impl) : impl_(impl) {}
+    void GiveBack();
+    Impl* impl_ = nullptr;
+  };
+
+  // Takes a place: what RunQuery would answer now for want of room
+  // (RESOURCE_EXHAUSTED: queue full; UNAVAILABLE: shutting down), else a
+  // held Place.
+  absl::StatusOr<Place> ReservePlace();
+
   // Runs a Prepare'd query to completion, calling `sink` on the caller's
   // thread for each token (return false to cancel). `cancelled` is polled
   // while waiting (client gone or deadline passed): a queued query then
   // leaves the queue (CANCELLED), a running one stops at the next step and
-  // frees its cache. Errors: RESOURCE_EXHAUSTED (queue full), OUT_OF_RANGE
-  // (KV larger than --max-kv-bytes), UNAVAILABLE (shutting down), and
-  // QueryRunner::Prefill's.
+  // frees its cache. Errors: RESOURCE_EXHAUSTED (queue full; never with a
+  // held `place`, which this call uses up), OUT_OF_RANGE (KV larger than
+  // --max-kv-bytes), UNAVAILABLE (shutting down), and QueryRunner::Prefill's.
   absl::StatusOr<QueryOutcome> RunQuery(const QuerySpec& spec, const TokenSink& sink,
-                                        const std::function<bool()>& cancelled);
+                                        const std::function<bool()>& cancelled,
+                                        Place* place = nullptr);
 
   // Runs `work` on the prefill thread, in FIFO order with the queries'
   // prefills and under the same yield policy. Blocks until done.
-  // RESOURCE_EXHAUSTED when the queue is full, CANCELLED when `cancelled()`
-  // turned true while queued.
+  // RESOURCE_EXHAUSTED when the queue is full (never with a held `place`,
+  // used up as by RunQuery), CANCELLED when `cancelled()` turned true while
+  // queued.
   absl::Status RunExclusive(const std::function<absl::Status()>& work,
-                            const std::function<bool()>& cancelled);
+                            const std::function<bool()>& cancelled, Place* place = nullptr);
 
   // As RunExclusive, for work that comes in steps (an ingest batch, a chunk
   // a step): `step` runs once per turn and sets *more while work is left;
@@ -107,7 +138,9 @@ class Scheduler {
   uint64_t admitted() const;
 
  private:
-  struct Impl;
+  // Whether `place` holds a place in this scheduler's queue; if so it is
+  // used up (still counted until Enqueue queues the request under the lock).
+  bool TakePlace(Place* place);
   std::unique_ptr<Impl> impl_;
 };
 

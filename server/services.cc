@@ -466,7 +466,15 @@ grpc::Status PrepareQuery(const ServiceDeps& d, const v1::QueryRequest& req, Chu
   return ToGrpc(prepared);
 }
 
-QueryRun ExecuteQuery(const ServiceDeps& d, const QuerySpec& spec, const QueryStreamIo& io) {
+grpc::Status ReserveQueryPlace(const ServiceDeps& d, Scheduler::Place* place) {
+  absl::StatusOr<Scheduler::Place> taken = d.scheduler->ReservePlace();
+  if (!taken.ok()) return ToGrpc(taken.status());
+  *place = *std::move(taken);
+  return grpc::Status::OK;
+}
+
+QueryRun ExecuteQuery(const ServiceDeps& d, const QuerySpec& spec, const QueryStreamIo& io,
+                      Scheduler::Place* place) {
   QueryRun run;
   if (d.metrics) d.metrics->AddInflightStreams(1);
   bool write_failed = false;
@@ -488,12 +496,12 @@ QueryRun ExecuteQuery(const ServiceDeps& d, const QuerySpec& spec, const QuerySt
           outcome = d.group->RunQuery(*d.runner, spec, sink);
           return absl::OkStatus();
         },
-        io.cancelled);
+        io.cancelled, place);
     run.outcome = queued.ok() ? std::move(outcome) : absl::StatusOr<QueryOutcome>(queued);
   } else {
     // Queued, prefilled and decoded (in the batch) by the scheduler; tokens
     // come back to this thread, which writes them.
-    run.outcome = d.scheduler->RunQuery(spec, sink, io.cancelled);
+    run.outcome = d.scheduler->RunQuery(spec, sink, io.cancelled, place);
   }
   if (d.metrics) d.metrics->AddInflightStreams(-1);
   const absl::StatusOr<QueryOutcome>& out = run.outcome;

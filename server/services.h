@@ -114,7 +114,18 @@ struct QueryRun {
 // completes. `status` is CANCELLED / DEADLINE_EXCEEDED when the client or
 // deadline stopped it, the scheduler's and runner's errors otherwise;
 // `outcome` holds the report data whenever the query ran.
-QueryRun ExecuteQuery(const ServiceDeps& d, const QuerySpec& spec, const QueryStreamIo& io);
+// With a held `place` (ReserveQueryPlace) it queues in that place, and is
+// never refused for a full queue.
+QueryRun ExecuteQuery(const ServiceDeps& d, const QuerySpec& spec, const QueryStreamIo& io,
+                      Scheduler::Place* place = nullptr);
+
+// Takes a place in the scheduler's queue for a query about to run, for a
+// transport that must say "busy" before it commits to its reply (the HTTP
+// front end's streams: after the 200, a full queue could only be an error
+// event, which OpenAI clients do not retry as they retry a 429).
+// RESOURCE_EXHAUSTED (queue full) or UNAVAILABLE (shutting down), as
+// ExecuteQuery would have answered.
+grpc::Status ReserveQueryPlace(const ServiceDeps& d, Scheduler::Place* place);
 
 // The Report message of a completed query.
 void FillReport(const QuerySpec& spec, const QueryOutcome& out, infoflow::v1::Report* report);

@@ -65,6 +65,9 @@ std::string ReadTextFile(const std::string& path) {
 
 void SetError(httplib::Response& res, const HttpError& e) {
   res.status = e.http_status;
+  // Busy (429: queue full) and shutting down (503): when to come back. The
+  // openai SDKs read it for their automatic retries.
+  if (e.http_status == 429 || e.http_status == 503) res.set_header("Retry-After", "1");
   res.set_content(ErrorBody(e), kJson);
 }
 
@@ -188,8 +191,9 @@ struct HttpFrontend::Impl {
   void HandleQuery(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
   void Respond(const OpenAiRequest& r, const QuerySpec& spec, httplib::Response& res,
                const std::string& origin);
-  bool Stream(const OpenAiRequest& r, const QuerySpec& spec, httplib::DataSink& sink,
-              const std::string& origin);
+  // Streams a query that holds `place` in the scheduler's queue.
+  bool Stream(const OpenAiRequest& r, const QuerySpec& spec, Scheduler::Place* place,
+              httplib::DataSink& sink, const std::string& origin);
 };
 
 void HttpFrontend::Impl::Routes() {
@@ -305,14 +309,29 @@ void HttpFrontend::Impl::HandleQuery(const httplib::Request& req, httplib::Respo
     Respond(*r, *spec, res, origin);
     return;
   }
+  // Admission before the 200: once the stream's headers are out, a full
+  // queue could only be an error event, which OpenAI clients do not retry
+  // as they retry a 429. Members go in reverse order: the place is given
+  // back (if unused) before the guard lets a shutdown proceed.
+  struct StreamHold {
+    std::shared_ptr<ActiveGuard> guard;
+    Scheduler::Place place;
+  };
+  auto hold = std::make_shared<StreamHold>();
+  hold->guard = std::move(guard);
+  if (grpc::Status s = ReserveQueryPlace(*d, &hold->place); !s.ok()) {
+    SetError(res, QueryError(*r, s, /*token_limit=*/false));
+    LogQuery(origin, r->query.chunks_size(), *spec, s, absl::UnknownError("not run"));
+    return;
+  }
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
-  res.set_chunked_content_provider(
-      "text/event-stream", [this, r, spec, guard, origin](size_t, httplib::DataSink& sink) {
-        const bool ok = Stream(*r, *spec, sink, origin);
-        if (ok) sink.done();
-        return ok;  // false: the connection is closed
-      });
+  res.set_chunked_content_provider("text/event-stream",
+                                   [this, r, spec, hold, origin](size_t, httplib::DataSink& sink) {
+                                     const bool ok = Stream(*r, *spec, &hold->place, sink, origin);
+                                     if (ok) sink.done();
+                                     return ok;  // false: the connection is closed
+                                   });
 }
 
 void HttpFrontend::Impl::Respond(const OpenAiRequest& r, const QuerySpec& spec,
@@ -340,7 +359,8 @@ void HttpFrontend::Impl::Respond(const OpenAiRequest& r, const QuerySpec& spec,
 }
 
 bool HttpFrontend::Impl::Stream(const OpenAiRequest& r, const QuerySpec& spec,
-                                httplib::DataSink& sink, const std::string& origin) {
+                                Scheduler::Place* place, httplib::DataSink& sink,
+                                const std::string& origin) {
   const ResponseId rid = NewResponseId(r.endpoint, r.model);
   bool client_gone = false;
   auto send = [&](const std::string& bytes) {
@@ -367,7 +387,7 @@ bool HttpFrontend::Impl::Stream(const OpenAiRequest& r, const QuerySpec& spec,
     return client_gone;
   };
   io.deadline_passed = [] { return false; };
-  QueryRun run = ExecuteQuery(*d, spec, io);
+  QueryRun run = ExecuteQuery(*d, spec, io, place);
   LogQuery(origin, r.query.chunks_size(), spec, run.status, run.outcome);
   if (client_gone) return false;
   if (!run.status.ok()) {

@@ -1500,6 +1500,60 @@ TEST_F(HttpServerTest, ConnectionsPastTheWaitQueueGet503AtOnce) {
   ExpectServing(GrpcAnswer(*srv_, kPrompt));
 }
 
+// A full queue is a 429 with Retry-After for a streamed request too: the
+// place in the queue is taken before the 200 goes out, since after it the
+// refusal could only be an error event, which the openai SDKs do not retry
+// as they retry a 429.
+TEST_F(HttpServerTest, AStreamRefusedForAFullQueueGets429BeforeAnyEvent) {
+  StartServer({"--max-running=1", "--queue-depth=0", "--max-new-tokens=3000"});
+  const std::string expected = GrpcAnswer(*srv_, kPrompt);  // stores the chunks
+  // Hold the only slot: a long sampled gRPC query whose client reads slowly.
+  v1::QueryRequest longq;
+  for (const char* c : {"Arthur Tanaka lives in Paris.", "Maria Lopez owns a red boat."}) {
+    longq.add_chunks()->set_text(c);
+  }
+  longq.set_question("Who lives in Paris?");
+  longq.set_max_new_tokens(3000);
+  longq.set_min_new_tokens(3000);
+  longq.mutable_sampling()->set_temperature(1.0);
+  auto stub = v1::Query::NewStub(srv_->channel());
+  grpc::ClientContext ctx;
+  auto reader = stub->Query(&ctx, longq);
+  v1::QueryResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));  // running now
+
+  RawConnection streamed(port_);
+  ASSERT_TRUE(streamed.Send(PostRequest("/v1/completions", CompletionBody(true).dump())));
+  const std::string got = streamed.ReadUntil("}}");
+  httplib::Result plain = Post("/v1/completions", CompletionBody(false).dump());
+  ctx.TryCancel();
+  while (reader->Read(&msg)) {
+  }
+  const grpc::Status long_status = reader->Finish();
+  if (long_status.ok()) GTEST_SKIP() << "the long query ran all 3000 tokens first";
+  EXPECT_EQ(got.rfind("HTTP/1.1 429", 0), 0u) << got.substr(0, 400);
+  EXPECT_NE(got.find("Retry-After: 1"), std::string::npos) << got.substr(0, 400);
+  EXPECT_EQ(got.find("text/event-stream"), std::string::npos) << got.substr(0, 400);
+  EXPECT_NE(got.find("\"code\":\"resource_exhausted\""), std::string::npos) << got;
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(plain->status, 429) << plain->body;
+  EXPECT_EQ(plain->get_header_value("Retry-After"), "1");
+
+  // The refused stream gave its place back: once the slot is free, a stream runs.
+  std::string answered;
+  for (int i = 0; i < 100 && answered.find("data: [DONE]") == std::string::npos; ++i) {
+    RawConnection again(port_);
+    ASSERT_TRUE(again.Send(PostRequest("/v1/completions", CompletionBody(true).dump())));
+    answered = again.ReadUntil("data: [DONE]");
+    if (answered.rfind("HTTP/1.1 429", 0) == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  EXPECT_EQ(answered.rfind("HTTP/1.1 200", 0), 0u) << answered.substr(0, 400);
+  EXPECT_NE(answered.find("data: [DONE]"), std::string::npos) << answered.substr(0, 400);
+  ExpectServing(expected);
+}
+
 TEST_F(HttpServerTest, StreamsServerSentEventsWithUsage) {
   StartServer();
   json body = CompletionBody(true);
