@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -644,6 +645,44 @@ TEST(ElasticThreadPool, RunsATaskItHasNoRoomForAtOnceInOverflow) {
   cv.notify_all();
   pool.shutdown();
   EXPECT_EQ(ran.load(), 5);
+}
+
+// TCP_NODELAY of this process's socket whose peer is 127.0.0.1:`peer_port`
+// ("1" / "0"), found through /proc/self/fd; "none" if there is none.
+std::string NoDelayOfSocketWithPeerPort(int peer_port) {
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    const int fd = std::stoi(e.path().filename().string());
+    sockaddr_in peer{};
+    socklen_t len = sizeof peer;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0 ||
+        peer.sin_family != AF_INET || ntohs(peer.sin_port) != peer_port) {
+      continue;
+    }
+    int on = -1;
+    len = sizeof on;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, &len) != 0) return "error";
+    return on != 0 ? "1" : "0";
+  }
+  return "none";
+}
+
+// Each connection is served with Nagle off: an SSE event (a token) is a
+// small write, and with Nagle each waits for the client's (delayed)
+// acknowledgement of the one before. Read back from the server's own socket.
+TEST(RequestDeadlineServer, ServesEachConnectionWithNagleOff) {
+  RequestDeadlineServer server(RequestLimits{}, "busy", nullptr);
+  server.Get("/nodelay", [](const httplib::Request& req, httplib::Response& res) {
+    res.set_content(NoDelayOfSocketWithPeerPort(req.remote_port), "text/plain");
+  });
+  const int port = server.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  std::thread serving([&server] { server.listen_after_bind(); });
+  httplib::Client client("127.0.0.1", port);
+  httplib::Result r = client.Get("/nodelay");
+  server.stop();
+  serving.join();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->body, "1");
 }
 
 int HttpPort(const testing::ServerProcess& srv) {
