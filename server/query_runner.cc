@@ -197,8 +197,8 @@ absl::StatusOr<QueryInput> QueryRunner::ResolveInput(const QuerySpec& spec,
   const int64_t prefix_len = spec.prefix_ids.empty()
                                  ? PrefixLength(spec.prefix_mode)
                                  : static_cast<int64_t>(spec.prefix_ids.size());
-  const int64_t after_context =
-      static_cast<int64_t>(spec.prompt_ids.size()) + spec.max_new_tokens;
+  const int64_t prompt_len = static_cast<int64_t>(spec.prompt_ids.size());
+  int64_t new_tokens = spec.max_new_tokens;
   auto check_context = [&](int64_t context_tokens) -> absl::Status {
     if (context_tokens > limits_.max_context_tokens) {
       return TokenLimitError(
@@ -206,17 +206,21 @@ absl::StatusOr<QueryInput> QueryRunner::ResolveInput(const QuerySpec& spec,
           absl::StrCat("chunks: context of ", context_tokens, " tokens is over the limit of ",
                        limits_.max_context_tokens, " (--max-context-tokens)"));
     }
-    out.positions = prefix_len + context_tokens + after_context;
+    const int64_t before_answer = prefix_len + context_tokens + prompt_len;
+    if (spec.fit_new_tokens && limits_.max_positions > 0 && !limits_.allow_beyond_model_positions &&
+        before_answer < limits_.max_positions) {
+      new_tokens = std::min(new_tokens, limits_.max_positions - before_answer);
+    }
+    out.positions = before_answer + new_tokens;
     out.beyond_model_positions =
         limits_.max_positions > 0 && out.positions > limits_.max_positions;
     if (out.beyond_model_positions && !limits_.allow_beyond_model_positions) {
       return TokenLimitError(
           absl::StatusCode::kOutOfRange,
-          absl::StrCat("chunks + prompt + max_new_tokens: ", prefix_len, " prefix + ",
-                       context_tokens, " context + ", spec.prompt_ids.size(), " prompt + ",
-                       spec.max_new_tokens, " new tokens = ", out.positions,
-                       " positions, over the model's max_position_embeddings of ",
-                       limits_.max_positions));
+          absl::StrCat(
+              "chunks + prompt + max_new_tokens: ", prefix_len, " prefix + ", context_tokens,
+              " context + ", prompt_len, " prompt + ", new_tokens, " new tokens = ", out.positions,
+              " positions, over the model's max_position_embeddings of ", limits_.max_positions));
     }
     return positions_check ? positions_check(out.positions) : absl::OkStatus();
   };
@@ -254,7 +258,7 @@ absl::StatusOr<QueryInput> QueryRunner::ResolveInput(const QuerySpec& spec,
   input.chunk_prefix_mode = spec.prefix_mode;
   input.question_ids = spec.question_ids;
   input.prompt_ids = spec.prompt_ids;
-  input.decode_reserve = spec.max_new_tokens;
+  input.decode_reserve = new_tokens;
   return input;
 }
 
@@ -270,11 +274,12 @@ MethodOptions QueryRunner::MethodOptionsFor(const QuerySpec& spec) const {
   return options;
 }
 
-DecodeOptions QueryRunner::DecodeOptionsFor(const QuerySpec& spec) const {
+DecodeOptions QueryRunner::DecodeOptionsFor(const QuerySpec& spec, const QueryInput& input) const {
   DecodeOptions decode;
   decode.sampling = {spec.temperature, spec.top_p, spec.seed};
-  decode.max_new_tokens = spec.max_new_tokens;
-  decode.min_new_tokens = spec.min_new_tokens;
+  // ResolveInput's count: the spec's, or what the positions left of a default.
+  decode.max_new_tokens = static_cast<int>(input.decode_reserve);
+  decode.min_new_tokens = std::min(spec.min_new_tokens, decode.max_new_tokens);
   decode.stop_strings = spec.stop;
   for (int64_t id : StopTokenIds(model_->config())) decode.stop_ids.push_back(static_cast<int32_t>(id));
   decode.stop_ids.insert(decode.stop_ids.end(), spec.stop_ids.begin(), spec.stop_ids.end());
@@ -290,7 +295,7 @@ absl::StatusOr<std::unique_ptr<PrefilledQuery>> QueryRunner::Prefill(
   if (!resolved.ok()) return resolved.status();
   QueryInput& input = *resolved;
   const MethodOptions options = MethodOptionsFor(spec);
-  q->decode = DecodeOptionsFor(spec);
+  q->decode = DecodeOptionsFor(spec, input);
 
   // As RunQuery (engine/blend/pipeline.h): BuildContext, then the prompt.
   absl::StatusOr<BlendedContext> ctx = BuildContext(*model_, input, options);

@@ -40,6 +40,11 @@ struct QuerySpec {
   uint64_t seed = 0;
   int max_new_tokens = 64;
   int min_new_tokens = 0;  // stop ids masked out before this many tokens
+  // max_new_tokens is a default, not the client's number (an OpenAI chat
+  // request without max_tokens): once the context length is known it
+  // shrinks to the model's positions left after the prompt, as OpenAI's and
+  // vLLM's chat endpoints answer "until done", instead of refusing the query.
+  bool fit_new_tokens = false;
   std::vector<std::string> stop;
   // Text before the chunks (system prompt + chat header); "" = none (then
   // [BOS] precedes the chunks in kBos mode). Special tokens parsed.
@@ -166,9 +171,10 @@ class QueryRunner {
                                           std::chrono::steady_clock::time_point start,
                                           QueryOutcome* out) const;
   // The engine's method and decode options for `spec` (stop ids: the
-  // model's plus the request's).
+  // model's plus the request's; the answer's length: `input`'s
+  // decode_reserve, which ResolveInput set).
   MethodOptions MethodOptionsFor(const QuerySpec& spec) const;
-  DecodeOptions DecodeOptionsFor(const QuerySpec& spec) const;
+  DecodeOptions DecodeOptionsFor(const QuerySpec& spec, const QueryInput& input) const;
 
  private:
   // The K/V of the lone BOS token at position 0 (PREFIX_MODE_BOS without a

@@ -240,7 +240,7 @@ absl::StatusOr<QueryOutcome> GroupLeader::RunQuery(const QueryRunner& runner, co
     absl::StatusOr<QueryInput> input = runner.ResolveInput(spec, nullptr, start, &out);
     if (!input.ok()) return input.status();  // nothing published: the group stays in step
     const MethodOptions options = runner.MethodOptionsFor(spec);
-    const DecodeOptions decode = runner.DecodeOptionsFor(spec);
+    const DecodeOptions decode = runner.DecodeOptionsFor(spec, *input);
     GroupCommand cmd;
     cmd.options = options;
     cmd.max_new_tokens = decode.max_new_tokens;

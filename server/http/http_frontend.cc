@@ -304,6 +304,7 @@ void HttpFrontend::Impl::HandleQuery(const httplib::Request& req, httplib::Respo
              absl::UnknownError("not run"));
     return;
   }
+  spec->fit_new_tokens = r->max_tokens_default;
   const std::string origin = absl::StrCat("http=", req.path);
   if (!r->stream) {
     Respond(*r, *spec, res, origin);

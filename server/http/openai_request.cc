@@ -331,7 +331,18 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, Endpoint
   if (absl::Status s = GetInt(doc, max_name, 1, ctx.max_new_tokens, &max_tokens); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(s.message(), " (--max-new-tokens)"));
   }
-  if (max_tokens) q.set_max_new_tokens(static_cast<int32_t>(*max_tokens));
+  if (max_tokens) {
+    q.set_max_new_tokens(static_cast<int32_t>(*max_tokens));
+  } else if (endpoint == Endpoint::kChatCompletions) {
+    // OpenAI's chat answers until done: the most this server allows, fitted
+    // to the model's positions left once the context is known
+    // (QuerySpec::fit_new_tokens). LangChain's and LlamaIndex's chat
+    // clients send no max_tokens by default.
+    q.set_max_new_tokens(ctx.max_new_tokens);
+    r.max_tokens_default = true;
+  } else {
+    q.set_max_new_tokens(std::min(kCompletionsDefaultMaxTokens, ctx.max_new_tokens));
+  }
   r.max_tokens_field = max_name;
   // vLLM's extension: no stop id before this many tokens (<= max_tokens,
   // checked by the Query path for both transports).

@@ -52,7 +52,13 @@ struct OpenAiRequest {
   // (QueryError in http_errors.h).
   bool chunks_listed = false;                   // infoflow.chunks, not prompt pieces
   std::string max_tokens_field = "max_tokens";  // or max_completion_tokens
+  // A chat request without max_tokens: the query's max_new_tokens is
+  // --max-new-tokens, to be fitted to the positions left (QuerySpec::fit_new_tokens).
+  bool max_tokens_default = false;
 };
+
+// max_tokens of a /v1/completions request that sends none: OpenAI's default.
+inline constexpr int kCompletionsDefaultMaxTokens = 16;
 
 // Nesting depth of JSON arrays and objects a body may have; deeper bodies
 // are refused before they are parsed (no request drives a deep recursion).

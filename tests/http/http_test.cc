@@ -1078,6 +1078,53 @@ TEST_F(HttpServerTest, APlainPromptHasTheContextsBudget) {
   EXPECT_EQ(json::parse(both_long->body)["error"]["param"], "messages");
 }
 
+// Without max_tokens, as OpenAI: a completion gets 16 tokens, and a chat
+// answers until done: up to --max-new-tokens, fitted to the model's
+// positions left (infoflow-tiny has 4096) instead of refused for want of
+// them. A max_tokens the client sent is kept, and refused when it does not fit.
+TEST_F(HttpServerTest, MaxTokensDefaultsAsOpenAIsDo) {
+  StartServer();
+  auto words = [](int n) {
+    std::string text;
+    for (int i = 0; i < n; ++i) text += i % 2 == 0 ? " lamp" : " river";
+    return text;
+  };
+  auto usage_of = [&](const std::string& path, const json& body) {
+    httplib::Result r = Post(path, body.dump());
+    EXPECT_TRUE(r) << path;
+    if (!r) return json();
+    EXPECT_EQ(r->status, 200) << r->body;
+    return json::parse(r->body);
+  };
+  const json completion = usage_of(
+      "/v1/completions",
+      {{"model", "infoflow-tiny"}, {"prompt", "Question: hi\nAnswer:"}, {"ignore_eos", true}});
+  EXPECT_EQ(completion["usage"]["completion_tokens"], 16) << completion;
+
+  auto chat = [](const std::string& content) {
+    return json{{"model", "infoflow-tiny"},
+                {"messages", {{{"role", "user"}, {"content", content}}}},
+                {"ignore_eos", true}};
+  };
+  const json short_chat = usage_of("/v1/chat/completions", chat("Question: hi\nAnswer:"));
+  EXPECT_EQ(short_chat["usage"]["completion_tokens"], 512) << short_chat;  // --max-new-tokens
+
+  const json long_chat = usage_of("/v1/chat/completions", chat(words(2000)));
+  const int prompt_tokens = long_chat["usage"]["prompt_tokens"];
+  ASSERT_GT(prompt_tokens, 4096 - 512) << long_chat;  // so the default had to shrink
+  ASSERT_LT(prompt_tokens, 4096) << long_chat;
+  EXPECT_EQ(long_chat["usage"]["completion_tokens"], 4096 - prompt_tokens) << long_chat["usage"];
+  EXPECT_EQ(long_chat["choices"][0]["finish_reason"], "length");
+
+  json asked = chat(words(2000));
+  asked["max_tokens"] = 512;
+  httplib::Result refused = Post("/v1/chat/completions", asked.dump());
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400) << refused->body;
+  EXPECT_EQ(json::parse(refused->body)["error"]["code"], "context_length_exceeded")
+      << refused->body;
+}
+
 // A model directory with a chat template in tokenizer_config.json: auto
 // picks it, chat requests are rendered by it (here it prints the user's
 // content, so the answer equals the completion's), its raise_exception is a
