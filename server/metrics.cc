@@ -366,6 +366,8 @@ struct Metrics::Impl {
   prometheus::Counter* prefix_cached = nullptr;
   prometheus::Counter* prefix_prefilled_tokens = nullptr;
   prometheus::Family<prometheus::Counter>* http_dropped = nullptr;
+  prometheus::Family<prometheus::Counter>* grpc_requests = nullptr;
+  prometheus::Family<prometheus::Counter>* http_responses = nullptr;
   prometheus::Gauge* inflight = nullptr;
   prometheus::Histogram* batch_size = nullptr;
   prometheus::Histogram* queue_wait = nullptr;
@@ -434,6 +436,18 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& liste
        {"deadline", "head_too_large", "body_too_large", "bodies_budget", "listener_full"}) {
     impl->http_dropped->Add({{"reason", reason}});
   }
+  impl->grpc_requests = &prometheus::BuildCounter()
+                             .Name("infoflow_grpc_requests_total")
+                             .Help(
+                                 "Finished gRPC calls of the API, by method and status code "
+                                 "(RESOURCE_EXHAUSTED: refused, queue full).")
+                             .Register(r);
+  impl->http_responses = &prometheus::BuildCounter()
+                              .Name("infoflow_http_responses_total")
+                              .Help(
+                                  "HTTP API responses, by route (other: any other path) and "
+                                  "status (429: refused, queue full).")
+                              .Register(r);
   impl->inflight = &prometheus::BuildGauge()
                         .Name("infoflow_inflight_streams")
                         .Help("Query streams being served.")
@@ -501,6 +515,12 @@ void Metrics::ObserveQuery(const std::string& method, double ttft_seconds,
 void Metrics::AddIngestTokens(int64_t n) { impl_->ingest_tokens->Increment(static_cast<double>(n)); }
 void Metrics::AddHttpRequestDropped(const std::string& reason) {
   impl_->http_dropped->Add({{"reason", reason}}).Increment();
+}
+void Metrics::CountGrpcRequest(const std::string& method, const std::string& code) {
+  impl_->grpc_requests->Add({{"method", method}, {"code", code}}).Increment();
+}
+void Metrics::CountHttpResponse(const std::string& path, int status) {
+  impl_->http_responses->Add({{"path", path}, {"status", std::to_string(status)}}).Increment();
 }
 void Metrics::AddInflightStreams(int delta) { impl_->inflight->Increment(delta); }
 void Metrics::ObserveBatchSize(int requests) { impl_->batch_size->Observe(requests); }

@@ -55,6 +55,13 @@ class Metrics {
   // "deadline" (--http-request-timeout-ms), "head_too_large",
   // "body_too_large", "bodies_budget" or "listener_full".
   void AddHttpRequestDropped(const std::string& reason);
+  // A finished call of the API: gRPC `method` ("Query", "Ingest", ...) with
+  // its status code's name ("OK", "RESOURCE_EXHAUSTED", ...), and an HTTP
+  // response: `path` (one of the API's routes, else "other") with its
+  // status. Refused and failed requests count too: the query histograms
+  // observe only successful queries.
+  void CountGrpcRequest(const std::string& method, const std::string& code);
+  void CountHttpResponse(const std::string& path, int status);
   // Scheduler (server/scheduler.h): requests per batched decode step, time
   // a request waited in the queue, time between consecutive tokens of a
   // request.

@@ -26,6 +26,7 @@
 #include "engine/text/tokenizer.h"
 #include "server/group/group_leader.h"
 #include "server/group/group_worker.h"
+#include "server/grpc_request_counter.h"
 #include "server/http/http_frontend.h"
 #include "server/idle_trimmer.h"
 #include "server/services.h"
@@ -331,6 +332,11 @@ absl::StatusOr<std::unique_ptr<InfoflowServer>> InfoflowServer::Start(const Serv
   grpc::ResourceQuota quota("infoflow-grpc");
   quota.SetMaxThreads(options.grpc_max_threads);
   builder.SetResourceQuota(quota);
+  if (s->metrics) {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> counters;
+    counters.push_back(MakeGrpcRequestCounter(s->metrics.get()));
+    builder.experimental().SetInterceptorCreators(std::move(counters));
+  }
   s->server = builder.BuildAndStart();
   if (!s->server || s->port == 0) {
     return absl::UnavailableError(absl::StrCat("--listen ", options.listen, ": cannot bind"));

@@ -49,6 +49,10 @@ struct ServiceDeps {
   IdleStreamReaper* stream_reaper = nullptr;
 };
 
+// The code's name as gRPC spells it ("RESOURCE_EXHAUSTED"), for log lines
+// and metric labels.
+const char* CodeName(grpc::StatusCode code);
+
 // FAILED_PRECONDITION when this process is a rank > 0 of a group (requests
 // belong to rank 0), else OK.
 grpc::Status CheckServesApi(const ServiceDeps& d);

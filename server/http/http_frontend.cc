@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -196,7 +197,26 @@ struct HttpFrontend::Impl {
               httplib::DataSink& sink, const std::string& origin);
 };
 
+namespace {
+
+// The route a request path counts under (a bounded set of metric labels).
+const char* RouteLabel(const std::string& path) {
+  for (const char* route : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health"}) {
+    if (path == route) return route;
+  }
+  if (absl::StartsWith(path, "/v1/models/")) return "/v1/models/{model}";
+  return "other";
+}
+
+}  // namespace
+
 void HttpFrontend::Impl::Routes() {
+  // Every response the library writes, error handler's included (a stream
+  // counts its 200 when it ends). The listener's own 503 (no thread) is
+  // infoflow_http_requests_dropped_total instead.
+  server.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    if (d->metrics != nullptr) d->metrics->CountHttpResponse(RouteLabel(req.path), res.status);
+  });
   server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     const bool up = !draining.load();
     res.status = up ? 200 : 503;

@@ -749,7 +749,8 @@ def names_from_scrape():
     proc = subprocess.Popen([server, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
                              "--data-dir", os.path.join(tmp, "kv"), "--threads", "1",
                              "--store-sync", "false", "--remote-redis", f"127.0.0.1:{dead_port}",
-                             "--remote-timeout-ms", "100"], stdout=log, stderr=subprocess.STDOUT)
+                             "--remote-timeout-ms", "100", "--http-listen", "127.0.0.1:0"],
+                            stdout=log, stderr=subprocess.STDOUT)
     try:
         grpc_port = metrics_port = None
         deadline = time.time() + 40
@@ -767,6 +768,10 @@ def names_from_scrape():
         if not (grpc_port and metrics_port):
             return None, "server did not log its ports in 40 s"
         note = "scraped /metrics of the built server"
+        # One HTTP request, so the HTTP API's response counter exists.
+        m = re.search(r"^http on http://\S*:(\d+) ", text, re.M)
+        if m:
+            urllib.request.urlopen(f"http://127.0.0.1:{m.group(1)}/health", timeout=10).read()
         cli = os.path.join(BIN, "client", "infoflow")
         if os.access(cli, os.X_OK):
             q = subprocess.run([cli, "query", "--server", f"127.0.0.1:{grpc_port}", "--question", "Where?",
@@ -835,7 +840,8 @@ def check_grafana():
     must = {"infoflow_query_ttft_seconds", "infoflow_recompute_ratio", "infoflow_store_hits_total",
             "infoflow_ingest_tokens_total", "infoflow_inflight_streams", "infoflow_store_bytes",
             "infoflow_remote_hits_total", "infoflow_remote_errors_total", "infoflow_remote_fetch_seconds",
-            "infoflow_remote_bytes_total", "infoflow_remote_circuit_state"}
+            "infoflow_remote_bytes_total", "infoflow_remote_circuit_state",
+            "infoflow_grpc_requests_total", "infoflow_http_responses_total"}
     for n in sorted(must - used):
         fail(f"grafana: dashboard does not show {n}")
     if not any("histogram_quantile" in e and "infoflow_query_ttft_seconds_bucket" in e and "method" in e

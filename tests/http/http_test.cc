@@ -1638,6 +1638,20 @@ TEST_F(HttpServerTest, AStreamRefusedForAFullQueueGets429BeforeAnyEvent) {
   EXPECT_EQ(answered.rfind("HTTP/1.1 200", 0), 0u) << answered.substr(0, 400);
   EXPECT_NE(answered.find("data: [DONE]"), std::string::npos) << answered.substr(0, 400);
   ExpectServing(expected);
+  // Both refusals and the answers are counted by route and status.
+  const std::string metrics = srv_->Metrics();
+  EXPECT_GE(testing::PromValue(
+                metrics, "infoflow_http_responses_total{path=\"/v1/completions\",status=\"429\"}"),
+            2)
+      << metrics;
+  EXPECT_GE(testing::PromValue(
+                metrics, "infoflow_http_responses_total{path=\"/v1/completions\",status=\"200\"}"),
+            2)
+      << metrics;
+  EXPECT_EQ(
+      testing::PromValue(metrics, "infoflow_grpc_requests_total{code=\"OK\",method=\"Query\"}"),
+      1)  // GrpcAnswer; the long query was cancelled
+      << metrics;
 }
 
 TEST_F(HttpServerTest, StreamsServerSentEventsWithUsage) {

@@ -1260,6 +1260,16 @@ TEST_F(ServerTest, BusyServerAnswersResourceExhausted) {
   if (refused.status.ok()) GTEST_SKIP() << "long query ran all 3900 tokens before the second call";
   EXPECT_EQ(refused.status.error_code(), grpc::RESOURCE_EXHAUSTED);
   EXPECT_NE(refused.status.error_message().find("queue"), std::string::npos);
+  // Refusals are counted, by method and code (the TTFT histograms see only successes).
+  const std::string metrics = testing::HttpGet(h_.server->metrics_port(), "/metrics");
+  EXPECT_EQ(
+      testing::PromValue(
+          metrics, "infoflow_grpc_requests_total{code=\"RESOURCE_EXHAUSTED\",method=\"Query\"}"),
+      1)
+      << metrics;
+  EXPECT_EQ(
+      testing::PromValue(metrics, "infoflow_grpc_requests_total{code=\"OK\",method=\"Ingest\"}"), 1)
+      << metrics;
   // The cancelled query frees its worker once its token callback sees the
   // cancel; then the server takes queries again.
   bool ok = false;
