@@ -1,14 +1,17 @@
 // infoflow ingest: chunk files and store their KV on a server.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -32,7 +35,12 @@ constexpr char kUsage[] =
     "  --batch N            chunks per request (default 16)\n"
     "  --prefix-mode bos|none  (default: the server's, BOS when the model has a bos_token_id)\n"
     "  --parse-special      special-token spellings in chunk texts (e.g. <|im_end|>) are\n"
-    "                       special tokens (default: plain text; queries must match)\n";
+    "                       special tokens (default: plain text; queries must match)\n"
+    "  --retries N          after a refusal the server calls retryable (RESOURCE_EXHAUSTED:\n"
+    "                       queue full or disk low; UNAVAILABLE: not reachable), resend the\n"
+    "                       batches not yet answered, up to N times, waiting 0.5 s, then\n"
+    "                       twice as long each time up to 8 s (default 8; 0 = none)\n"
+    "  --quiet              no progress bar\n";
 
 struct Chunk {
   std::string text;
@@ -114,7 +122,7 @@ std::string FormatEta(double secs) {
 int RunIngest(int argc, char** argv) {
   Flags flags;
   std::set<std::string> value_flags = kConnectFlags;
-  value_flags.insert({"chunk-tokens", "batch", "prefix-mode"});
+  value_flags.insert({"chunk-tokens", "batch", "prefix-mode", "retries"});
   if (!flags.Parse(argc, argv, value_flags, {"help", "quiet", "parse-special"})) {
     std::fprintf(stderr, "infoflow ingest: %s\n\n%s%s", flags.error().c_str(), kUsage, kConnectUsage);
     return 2;
@@ -123,10 +131,11 @@ int RunIngest(int argc, char** argv) {
     std::printf("%s%s", kUsage, kConnectUsage);
     return 0;
   }
-  int chunk_tokens = 0, batch = 16;
+  int chunk_tokens = 0, batch = 16, retries = 8;
   if (!absl::SimpleAtoi(flags.Get("chunk-tokens", "0"), &chunk_tokens) || chunk_tokens < 0 ||
-      !absl::SimpleAtoi(flags.Get("batch", "16"), &batch) || batch < 1) {
-    std::fprintf(stderr, "infoflow ingest: bad --chunk-tokens or --batch\n");
+      !absl::SimpleAtoi(flags.Get("batch", "16"), &batch) || batch < 1 ||
+      !absl::SimpleAtoi(flags.Get("retries", "8"), &retries) || retries < 0) {
+    std::fprintf(stderr, "infoflow ingest: bad --chunk-tokens, --batch or --retries\n");
     return 2;
   }
   const std::string mode = flags.Get("prefix-mode", "");
@@ -181,9 +190,11 @@ int RunIngest(int argc, char** argv) {
   client::Client c(*options);
   const auto start = std::chrono::steady_clock::now();
   size_t done = 0, stored = 0, skipped = 0, errors = 0;
+  size_t answered = 0;  // batches with a response, in order
   int64_t tokens = 0;
   const bool quiet = flags.Has("quiet");
-  absl::Status s = c.IngestStream(batches, [&](const v1::IngestResponse& resp) {
+  auto on_response = [&](const v1::IngestResponse& resp) {
+    ++answered;
     for (const v1::IngestResult& r : resp.results()) {
       ++done;
       tokens += r.n_tokens();
@@ -208,7 +219,22 @@ int RunIngest(int argc, char** argv) {
                  std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), done,
                  chunks.size(), tokens / std::max(secs, 1e-9),
                  FormatEta(frac > 0 ? secs * (1 - frac) / frac : 0).c_str());
-  });
+  };
+  // A refused batch did no work (admission comes first), and one cut off by
+  // a lost connection is resent whole: what it stored answers "skipped".
+  absl::Status s;
+  double wait_s = 0.5;
+  for (int attempt = 1;; ++attempt) {
+    const std::vector<v1::IngestRequest> rest(batches.begin() + answered, batches.end());
+    s = c.IngestStream(rest, on_response);
+    const bool retryable = absl::IsResourceExhausted(s) || absl::IsUnavailable(s);
+    if (s.ok() || !retryable || attempt > retries) break;
+    std::fprintf(stderr, "\ninfoflow ingest: %s; %zu of %zu batches left, retry %d/%d in %.1f s\n",
+                 s.ToString().c_str(), batches.size() - answered, batches.size(), attempt, retries,
+                 wait_s);
+    std::this_thread::sleep_for(std::chrono::duration<double>(wait_s));
+    wait_s = std::min(2 * wait_s, 8.0);
+  }
   if (!quiet) std::fprintf(stderr, "\n");
   std::fprintf(stderr, "%zu chunks: %zu stored, %zu skipped (already present), %zu errors\n", done,
                stored, skipped, errors);

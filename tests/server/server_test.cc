@@ -1639,6 +1639,55 @@ TEST_F(ServerTest, MetricsPassPromtoolAndPrometheusScrapes) {
 }
 
 // The infoflow CLI and the Python example against a live server.
+// `infoflow ingest` resends what a busy server refused. With the only slot
+// held and no queue, every batch is RESOURCE_EXHAUSTED: --retries 0 fails at
+// once; by default the command waits, retries, and stores every chunk once
+// the slot frees.
+TEST_F(ServerTest, IngestCliRetriesWhileTheServerIsBusy) {
+  grpc::ClientContext ctx;
+  std::vector<std::string> keys;
+  auto reader = HoldTheOnlySlot(/*queue_depth=*/0, &ctx, &keys);
+  ASSERT_TRUE(reader != nullptr && !HasFailure());
+  const std::string dir = TempDir("cli_retry");
+  std::ofstream(dir + "/doc.txt") << "The lighthouse keeper counts ships.\n\n"
+                                  << "A fox sleeps under the old bridge.\n";
+  const std::string cmd =
+      std::string(INFOFLOW_CLI_BIN) +
+      " ingest --quiet --batch 1 --server 127.0.0.1:" + std::to_string(h_.server->port()) + " " +
+      dir + "/doc.txt";
+  int rc = -1;
+  const std::string once = RunCommand(cmd + " --retries 0 2>&1", &rc);
+  EXPECT_EQ(rc, 1) << once;
+  EXPECT_NE(once.find("RESOURCE_EXHAUSTED"), std::string::npos) << once;
+  EXPECT_EQ(once.find("retry"), std::string::npos) << once;
+
+  // Free the slot only once this run has been refused too (the server counts
+  // its refusals by method and code).
+  auto refused_streams = [&] {
+    return testing::PromValue(
+        testing::HttpGet(h_.server->metrics_port(), "/metrics"),
+        "infoflow_grpc_requests_total{code=\"RESOURCE_EXHAUSTED\",method=\"IngestStream\"}");
+  };
+  ASSERT_EQ(refused_streams(), 1);
+  std::string out;
+  int retried_rc = -1;
+  std::thread cli([&] { out = RunCommand(cmd + " 2>&1", &retried_rc); });
+  for (int i = 0; i < 600 && refused_streams() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ctx.TryCancel();
+  v1::QueryResponse msg;
+  while (reader->Read(&msg)) {
+  }
+  const grpc::Status held = reader->Finish();
+  cli.join();
+  if (held.ok()) GTEST_SKIP() << "the long query ran all 3900 tokens first";
+  EXPECT_EQ(retried_rc, 0) << out;
+  EXPECT_NE(out.find("retry 1/8"), std::string::npos) << out;
+  EXPECT_NE(out.find("2 chunks: 2 stored, 0 skipped"), std::string::npos) << out;
+  fs::remove_all(dir);
+}
+
 TEST_F(ServerTest, CliAndPythonClientsWork) {
   ASSERT_NO_FATAL_FAILURE(h_.Start());
   const std::string dir = TempDir("cli");
