@@ -37,9 +37,10 @@ constexpr char kUsage[] =
     "  --parse-special      special-token spellings in chunk texts (e.g. <|im_end|>) are\n"
     "                       special tokens (default: plain text; queries must match)\n"
     "  --retries N          after a refusal the server calls retryable (RESOURCE_EXHAUSTED:\n"
-    "                       queue full or disk low; UNAVAILABLE: not reachable), resend the\n"
-    "                       batches not yet answered, up to N times, waiting 0.5 s, then\n"
-    "                       twice as long each time up to 8 s (default 8; 0 = none)\n"
+    "                       queue full or disk low; UNAVAILABLE once a batch was answered:\n"
+    "                       a restart), resend the batches not yet answered, up to N times,\n"
+    "                       waiting 0.5 s, then twice as long each time up to 8 s\n"
+    "                       (default 8; 0 = none)\n"
     "  --quiet              no progress bar\n";
 
 struct Chunk {
@@ -227,7 +228,10 @@ int RunIngest(int argc, char** argv) {
   for (int attempt = 1;; ++attempt) {
     const std::vector<v1::IngestRequest> rest(batches.begin() + answered, batches.end());
     s = c.IngestStream(rest, on_response);
-    const bool retryable = absl::IsResourceExhausted(s) || absl::IsUnavailable(s);
+    // UNAVAILABLE before any answer is a wrong address or a server that is
+    // down: say so at once rather than after a minute of retries.
+    const bool retryable =
+        absl::IsResourceExhausted(s) || (absl::IsUnavailable(s) && answered > 0);
     if (s.ok() || !retryable || attempt > retries) break;
     std::fprintf(stderr, "\ninfoflow ingest: %s; %zu of %zu batches left, retry %d/%d in %.1f s\n",
                  s.ToString().c_str(), batches.size() - answered, batches.size(), attempt, retries,
