@@ -61,8 +61,9 @@ absl::StatusOr<v1::IngestResponse> Client::Ingest(const v1::IngestRequest& reque
   return resp;
 }
 
-absl::Status Client::IngestStream(const std::vector<v1::IngestRequest>& batches,
-                                  const std::function<void(const v1::IngestResponse&)>& on_response) {
+absl::Status Client::IngestStream(
+    absl::Span<const v1::IngestRequest> batches,
+    const std::function<void(const v1::IngestResponse&)>& on_response) {
   grpc::ClientContext ctx;
   Prepare(&ctx);
   auto stream = ingest_->IngestStream(&ctx);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "infoflow/v1/infoflow.grpc.pb.h"
 
 namespace infoflow::client {
@@ -36,9 +37,11 @@ class Client {
   absl::StatusOr<infoflow::v1::IngestResponse> Ingest(const infoflow::v1::IngestRequest& request);
 
   // Sends every batch on one IngestStream call; `on_response` gets each
-  // batch's response in order.
-  absl::Status IngestStream(const std::vector<infoflow::v1::IngestRequest>& batches,
-                            const std::function<void(const infoflow::v1::IngestResponse&)>& on_response);
+  // batch's response in order (so a caller that retries knows which batches
+  // are left: a suffix of `batches`).
+  absl::Status IngestStream(
+      absl::Span<const infoflow::v1::IngestRequest> batches,
+      const std::function<void(const infoflow::v1::IngestResponse&)>& on_response);
 
   // Streams tokens to `on_token`; returns the final report (empty when the
   // request did not ask for one). A grpc error becomes the absl status with

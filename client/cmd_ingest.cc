@@ -15,6 +15,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/types/span.h"
 #include "client/cli_common.h"
 #include "client/commands.h"
 #include "client/flags.h"
@@ -226,8 +227,7 @@ int RunIngest(int argc, char** argv) {
   absl::Status s;
   double wait_s = 0.5;
   for (int attempt = 1;; ++attempt) {
-    const std::vector<v1::IngestRequest> rest(batches.begin() + answered, batches.end());
-    s = c.IngestStream(rest, on_response);
+    s = c.IngestStream(absl::MakeConstSpan(batches).subspan(answered), on_response);
     // UNAVAILABLE before any answer is a wrong address or a server that is
     // down: say so at once rather than after a minute of retries.
     const bool retryable =
