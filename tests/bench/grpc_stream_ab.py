@@ -13,37 +13,20 @@ counter's interceptor, docs/DESIGN.md section 11):
       --metrics-listen '' --data-dir /tmp/ab/b --threads 1 &
   /usr/bin/python3 tests/bench/grpc_stream_ab.py 50101 50102 --rounds 21
 
-Needs Debian's python3-grpcio and python3-grpc-tools (stubs are compiled
-into a temp dir, as client/python/example_client.py does).
+Needs Debian's python3-grpcio and python3-grpc-tools (the stubs come from
+client/python/example_client.py's load_stubs).
 """
 import argparse
-import importlib
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 import grpc
-from grpc_tools import protoc
 
-PROTO_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "proto")
-
-
-def load_stubs():
-    out = tempfile.mkdtemp(prefix="infoflow_ab_")
-    wkt = [d for d in (os.path.join(os.path.dirname(protoc.__file__), "_proto"), "/usr/include")
-           if os.path.isdir(d)]
-    rc = protoc.main(["protoc", f"-I{PROTO_ROOT}"] + [f"-I{d}" for d in wkt[:1]] +
-                     [f"--python_out={out}", f"--grpc_python_out={out}",
-                      os.path.join(PROTO_ROOT, "infoflow", "v1", "infoflow.proto")])
-    if rc != 0:
-        sys.exit("protoc failed")
-    for d in ("infoflow", os.path.join("infoflow", "v1")):
-        open(os.path.join(out, d, "__init__.py"), "a").close()
-    sys.path.insert(0, out)
-    return (importlib.import_module("infoflow.v1.infoflow_pb2"),
-            importlib.import_module("infoflow.v1.infoflow_pb2_grpc"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "client",
+                                "python"))
+from example_client import load_stubs  # noqa: E402 (compiles the stubs into a temp dir)
 
 
 def main():

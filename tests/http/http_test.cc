@@ -1089,14 +1089,14 @@ TEST_F(HttpServerTest, MaxTokensDefaultsAsOpenAIsDo) {
     for (int i = 0; i < n; ++i) text += i % 2 == 0 ? " lamp" : " river";
     return text;
   };
-  auto usage_of = [&](const std::string& path, const json& body) {
+  auto post_json = [&](const std::string& path, const json& body) {
     httplib::Result r = Post(path, body.dump());
     EXPECT_TRUE(r) << path;
     if (!r) return json();
     EXPECT_EQ(r->status, 200) << r->body;
     return json::parse(r->body);
   };
-  const json completion = usage_of(
+  const json completion = post_json(
       "/v1/completions",
       {{"model", "infoflow-tiny"}, {"prompt", "Question: hi\nAnswer:"}, {"ignore_eos", true}});
   EXPECT_EQ(completion["usage"]["completion_tokens"], 16) << completion;
@@ -1106,10 +1106,10 @@ TEST_F(HttpServerTest, MaxTokensDefaultsAsOpenAIsDo) {
                 {"messages", {{{"role", "user"}, {"content", content}}}},
                 {"ignore_eos", true}};
   };
-  const json short_chat = usage_of("/v1/chat/completions", chat("Question: hi\nAnswer:"));
+  const json short_chat = post_json("/v1/chat/completions", chat("Question: hi\nAnswer:"));
   EXPECT_EQ(short_chat["usage"]["completion_tokens"], 512) << short_chat;  // --max-new-tokens
 
-  const json long_chat = usage_of("/v1/chat/completions", chat(words(2000)));
+  const json long_chat = post_json("/v1/chat/completions", chat(words(2000)));
   const int prompt_tokens = long_chat["usage"]["prompt_tokens"];
   ASSERT_GT(prompt_tokens, 4096 - 512) << long_chat;  // so the default had to shrink
   ASSERT_LT(prompt_tokens, 4096) << long_chat;

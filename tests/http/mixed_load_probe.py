@@ -56,7 +56,8 @@ def op(rng):
                             "report": True}
     if k < 0.30:
         c, r = post("/v1/completions", body); d = r.read(); c.close()
-        if r.status == 200: json.loads(d)["choices"][0]["text"]
+        if r.status == 200:
+            json.loads(d)["choices"][0]["text"]  # a malformed answer raises: counted as an error
         return "completion", r.status, d
     if k < 0.50:
         body["stream"] = True; body["stream_options"] = {"include_usage": True}
@@ -125,6 +126,6 @@ for e in errors[:15]: print(e)
 c = http.client.HTTPConnection("127.0.0.1", mport, timeout=10); c.request("GET", "/metrics")
 m = c.getresponse().read().decode()
 for l in m.splitlines():
-    if l.startswith(("infoflow_inflight", "infoflow_queue", "infoflow_running", "infoflow_kv_reserved",
+    if l.startswith(("infoflow_inflight", "infoflow_queue", "infoflow_running",
                      "infoflow_http_requests_dropped", "infoflow_http_responses_total")):
         print(l)
